@@ -1,0 +1,44 @@
+# Two commands do everything on a fresh machine: `make study` and `make test`.
+# Both go through `make install`, which creates or reuses .venv and re-installs only when
+# pyproject.toml changed (the stamp file records what was installed).
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export RAY_USAGE_STATS_ENABLED := 0
+export MLFLOW_DISABLE_TELEMETRY := true
+export TOKENIZERS_PARALLELISM := false
+export HF_HUB_OFFLINE := 1
+
+.PHONY: install study smoke test test-fast lint clean mlflow-ui
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# The torch release the machine provides (local disk on the project's machines); never a newer one.
+	$(BIN)/pip install -q torch==2.14.1 torchvision==0.29.1
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+study: install
+	$(BIN)/python -m studies.run ltd_bound
+
+smoke: install
+	$(BIN)/python -m studies.run ltd_bound --smoke
+
+test: install
+	$(BIN)/python -m pytest -q
+
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not slow"
+
+lint: install
+	$(BIN)/ruff check icr studies tests benchmarks
+
+mlflow-ui: install
+	$(BIN)/mlflow ui --backend-store-uri sqlite:///$${ICR_WORKSPACE:-workspace}/mlflow.db --host 127.0.0.1 --port 5000
+
+clean:
+	rm -rf workspace reports .pytest_cache

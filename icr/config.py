@@ -1,0 +1,319 @@
+"""The experiment configuration: one typed tree, one flat vocabulary.
+
+``ExperimentConfig`` is a tree of frozen dataclasses. Dotted flat keys (``objective.eta``,
+``loss.name``) are the single vocabulary of search-space files, trial configs, the command line
+(``--set loss.tau=0.07``), MLflow params and report tables. :func:`to_flat` and :func:`from_flat`
+round-trip exactly; an unknown key or an invalid value raises :class:`~icr.errors.ConfigError`
+naming the key and what is allowed.
+
+Every field is declared with :func:`_field`: a default, a one-line help text, and optionally the
+allowed choices or a numeric range. The help text is what ``python -m studies.run --keys`` prints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from icr.errors import ConfigError
+
+Scalar = bool | int | float | str
+
+
+def _field(
+    default: Scalar,
+    help: str,
+    *,
+    choices: tuple[Scalar, ...] | None = None,
+    low: float | None = None,
+    high: float | None = None,
+) -> Any:
+    meta = {"help": help, "choices": choices, "low": low, "high": high}
+    return dataclasses.field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    name: str = _field("retrieval", "what is trained", choices=("retrieval",))
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    dataset: str = _field(
+        "shapes", "shapes = embedded benchmark; karpathy = split JSON + images",
+        choices=("shapes", "karpathy"),
+    )
+    preset: str = _field("default", "embedded benchmark size", choices=("tiny", "small", "default"))
+    seed: int = _field(0, "embedded benchmark generation seed", low=0)
+    root: str = _field("", "dataset folder; '' = <workspace>/data/shapes-<preset>-<seed>")
+    karpathy_json: str = _field("", "Karpathy split JSON (dataset=karpathy)")
+    image_root: str = _field("", "image folder of the Karpathy JSON (dataset=karpathy)")
+    cxc_val: str = _field("", "CxC sits CSV for validation ('' = the benchmark's own, if any)")
+    cxc_test: str = _field("", "CxC sits CSV for test ('' = the benchmark's own, if any)")
+    cxc_min_score: float = _field(3.0, "CxC agg_score at or above which a pair is positive", low=0, high=5)
+    relevance: str = _field("rouge", "nDCG relevance: rouge, none, or a path to an .npy matrix")
+    image_size: int = _field(64, "images are resized to this square size", low=16)
+    num_workers: int = _field(0, "DataLoader worker processes", low=0)
+
+
+@dataclass(frozen=True)
+class TextConfig:
+    glove: str = _field("glove-6b-50d", "word vectors: glove-6b-50d (bundled), a GloVe file, or none")
+    word_dim: int = _field(50, "word embedding size (must match the GloVe file)", low=1)
+    hidden_dim: int = _field(512, "GRU units per direction", low=1)
+    vocab_min_count: int = _field(1, "training-split count a word needs to enter the vocabulary", low=1)
+    max_len: int = _field(40, "captions are cut to this many tokens", low=2)
+    unk_prob: float = _field(0.1, "augmentation: probability a token becomes <unk>", low=0, high=1)
+    delete_prob: float = _field(0.1, "augmentation: fraction of tokens deleted", low=0, high=1)
+
+
+@dataclass(frozen=True)
+class ImageConfig:
+    encoder: str = _field(
+        "small_cnn", "image backbone", choices=("small_cnn", "resnet18", "resnet50")
+    )
+    pretrained: bool = _field(False, "load ImageNet weights from a local file or the torch cache")
+    weights_path: str = _field("", "local weights file for a pretrained backbone")
+    random_erasing: float = _field(0.2, "probability of random erasing on training images", low=0, high=1)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    embed_dim: int = _field(1024, "joint embedding size", low=1)
+    head_hidden: int = _field(0, "hidden size of the projection heads; 0 = one linear layer", low=0)
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    name: str = _field(
+        "infonce", "contrastive loss L_con", choices=("infonce", "triplet", "triplet_all")
+    )
+    tau: float = _field(0.05, "InfoNCE temperature (LTD paper Eq. 1)", low=1e-4, high=10)
+    margin: float = _field(0.2, "triplet margin alpha", low=0, high=10)
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    name: str = _field("none", "reconstruction: none, ltd (latent target) or itd (input tokens)",
+                       choices=("none", "ltd", "itd"))
+    hidden_dim: int = _field(1024, "LTD MLP / ITD GRU hidden size", low=1)
+    target_model: str = _field(
+        "all-MiniLM-L6-v2", "sentence-transformers model (name or local path) for LTD targets"
+    )
+    word_dim: int = _field(300, "ITD decoder word embedding size", low=1)
+
+
+@dataclass(frozen=True)
+class ObjectiveConfig:
+    name: str = _field("contrastive", "Eq. 1 / Eq. 7 (dual) / Eq. 9 (lagrangian)",
+                       choices=("contrastive", "dual", "lagrangian"))
+    beta: float = _field(1.0, "dual-loss weight of L_rec (Eq. 7)", low=0)
+    eta: float = _field(0.15, "bound on L_rec of the constraint (Eq. 8)", low=1e-6)
+    lambda_init: float = _field(1.0, "initial Lagrange multiplier", low=0)
+    lambda_max: float = _field(100.0, "multiplier is projected into [0, lambda_max]", low=0)
+    lambda_lr: float = _field(5e-3, "SGD ascent learning rate of the multiplier", low=0)
+    lambda_momentum: float = _field(0.9, "SGD momentum of the multiplier", low=0, high=1)
+    lambda_dampening: float = _field(0.9, "SGD dampening of the multiplier", low=0, high=1)
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    name: str = _field("adamw", "optimiser", choices=("adam", "adamw"))
+    lr: float = _field(2e-4, "learning rate of the warm-up phase", low=0)
+    weight_decay: float = _field(0.0, "weight decay", low=0)
+    grad_clip: float = _field(2.0, "max gradient norm; 0 = no clipping", low=0)
+    finetune_lr_factor: float = _field(0.1, "fine-tune phase lr = lr x this", low=0)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    seed: int = _field(0, "seed of weights, sampling and augmentation", low=0)
+    batch_size: int = _field(128, "image-caption pairs per batch", low=2)
+    warmup_epochs: int = _field(3, "epochs with the backbone and word embeddings frozen", low=0)
+    finetune_epochs: int = _field(3, "epochs with everything trained at lr x finetune_lr_factor",
+                                  low=0)
+    swa: bool = _field(True, "average 5 snapshots of each epoch's last 10% (SWA)")
+    swa_snapshots: int = _field(5, "snapshots averaged per epoch", low=1)
+    swa_fraction: float = _field(0.1, "fraction of each epoch the snapshots span", low=0, high=1)
+    swa_bn_batches: int = _field(20, "batches used to refresh BatchNorm statistics after SWA", low=1)
+    amp: bool = _field(True, "mixed precision (CUDA only; ignored on CPU)")
+    device: str = _field("auto", "auto, cpu, cuda or cuda:N")
+    trajectory_every: int = _field(10, "log lambda / L_rec / L_con every this many steps", low=1)
+    max_steps_per_epoch: int = _field(0, "cut epochs short (debugging); 0 = full epochs", low=0)
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    batch_size: int = _field(256, "encoding batch size at evaluation", low=1)
+    test: bool = _field(True, "evaluate the best checkpoint on test once, at the end")
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    task: TaskConfig = dataclasses.field(default_factory=TaskConfig)
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    text: TextConfig = dataclasses.field(default_factory=TextConfig)
+    image: ImageConfig = dataclasses.field(default_factory=ImageConfig)
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    loss: LossConfig = dataclasses.field(default_factory=LossConfig)
+    decoder: DecoderConfig = dataclasses.field(default_factory=DecoderConfig)
+    objective: ObjectiveConfig = dataclasses.field(default_factory=ObjectiveConfig)
+    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
+
+    @property
+    def epochs(self) -> int:
+        return self.train.warmup_epochs + self.train.finetune_epochs
+
+
+C = TypeVar("C")
+
+
+# ---------------------------------------------------------------------------------------------
+# The flat vocabulary
+
+
+@dataclass(frozen=True)
+class KeySpec:
+    """What one dotted key accepts."""
+
+    key: str
+    type: type
+    default: Scalar
+    help: str
+    choices: tuple[Scalar, ...] | None
+    low: float | None
+    high: float | None
+
+    def describe(self) -> str:
+        if self.choices:
+            return "one of " + ", ".join(map(str, self.choices))
+        kind = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+        text = kind[self.type]
+        if self.low is not None and self.high is not None:
+            text += f" in [{self.low}, {self.high}]"
+        elif self.low is not None:
+            text += f" >= {self.low}"
+        return text
+
+
+def _resolved_type(cls: type, name: str) -> type:
+    hint = typing.get_type_hints(cls)[name]
+    if isinstance(hint, types.UnionType):  # pragma: no cover - no optional fields today
+        raise TypeError(f"{cls.__name__}.{name}: optional fields are not part of the vocabulary")
+    return hint
+
+
+def key_specs(cls: type = ExperimentConfig) -> dict[str, KeySpec]:
+    """Every dotted key of the config tree with its type, default, help and domain."""
+    specs: dict[str, KeySpec] = {}
+    for section in dataclasses.fields(cls):
+        section_cls = _resolved_type(cls, section.name)
+        for f in dataclasses.fields(section_cls):
+            key = f"{section.name}.{f.name}"
+            meta = f.metadata
+            specs[key] = KeySpec(
+                key, _resolved_type(section_cls, f.name), f.default, meta["help"],
+                meta["choices"], meta["low"], meta["high"],
+            )
+    return specs
+
+
+_SPECS = key_specs()
+
+
+def to_flat(config: ExperimentConfig) -> dict[str, Scalar]:
+    """The config as ``{"section.field": value}``, every key present."""
+    return {
+        f"{section.name}.{f.name}": getattr(getattr(config, section.name), f.name)
+        for section in dataclasses.fields(config)
+        for f in dataclasses.fields(getattr(config, section.name))
+    }
+
+
+def from_flat(
+    flat: Mapping[str, Any], base: ExperimentConfig | None = None
+) -> ExperimentConfig:
+    """Build a config from dotted keys, on top of ``base`` (defaults when ``None``).
+
+    Values may be typed (from YAML or Ray) or strings (from the command line); both are parsed
+    and validated. Raises ConfigError naming the first bad key and what it allows.
+    """
+    values = to_flat(base or ExperimentConfig())
+    for key, raw in flat.items():
+        values[key] = parse_value(key, raw)
+    sections: dict[str, dict[str, Scalar]] = {}
+    for key, value in values.items():
+        section, name = key.split(".", 1)
+        sections.setdefault(section, {})[name] = value
+    hints = typing.get_type_hints(ExperimentConfig)
+    return ExperimentConfig(**{s: hints[s](**kw) for s, kw in sections.items()})
+
+
+def parse_value(key: str, raw: Any) -> Scalar:
+    """Parse and validate one value for ``key``; raises ConfigError."""
+    spec = _SPECS.get(key)
+    if spec is None:
+        close = difflib.get_close_matches(key, _SPECS, n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else "; see `python -m studies.run --keys`"
+        raise ConfigError(f"unknown config key {key!r}{hint}")
+    value = _coerce(spec, raw)
+    if spec.choices is not None and value not in spec.choices:
+        raise ConfigError(f"{key}={raw!r} is not allowed; {key} is {spec.describe()}")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if (spec.low is not None and value < spec.low) or (spec.high is not None and value > spec.high):
+            raise ConfigError(f"{key}={raw!r} is out of range; {key} is {spec.describe()}")
+    return value
+
+
+def _coerce(spec: KeySpec, raw: Any) -> Scalar:
+    bad = ConfigError(f"{spec.key}={raw!r} is invalid; {spec.key} is {spec.describe()}")
+    if spec.type is bool:
+        if isinstance(raw, bool):
+            return raw
+        if isinstance(raw, str) and raw.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return raw.lower() in ("true", "1", "yes")
+        raise bad
+    if spec.type is int:
+        if isinstance(raw, bool):
+            raise bad
+        if isinstance(raw, int):
+            return raw
+        if isinstance(raw, float) and raw.is_integer():
+            return int(raw)
+        if isinstance(raw, str):
+            try:
+                return int(raw)
+            except ValueError:
+                raise bad from None
+        raise bad
+    if spec.type is float:
+        if isinstance(raw, bool):
+            raise bad
+        try:
+            value = float(raw)
+        except (TypeError, ValueError):
+            raise bad from None
+        if value != value or value in (float("inf"), float("-inf")):
+            raise bad
+        return value
+    if not isinstance(raw, str):
+        raise bad
+    return raw
+
+
+def parse_overrides(items: list[str]) -> dict[str, str]:
+    """``["loss.tau=0.07", ...]`` -> ``{"loss.tau": "0.07"}``; raises ConfigError on bad syntax."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"override {item!r} is not of the form key=value (e.g. loss.tau=0.07)")
+        out[key.strip()] = value.strip()
+    return out
