@@ -23,8 +23,9 @@ class CaptionedImages:
         caption_image: ``(C,)`` int64, index into ``image_ids`` of each caption's image.
         image_root: folder holding the image files, or ``None`` when only features exist.
         tokens: per caption, the tokenised caption when the file provides it (Karpathy ``tokens``).
-        image_subdirs: per image, the sub-folder of ``image_root`` holding it (Karpathy ``filepath``,
-            e.g. ``train2014`` / ``val2014`` for COCO, whose train split mixes both), or ``None``.
+        image_subdirs: per image, the sub-folder of ``image_root`` holding it (Karpathy
+            ``filepath``, e.g. ``train2014`` / ``val2014`` for COCO, whose train split mixes both),
+            or ``None``.
     """
 
     split: str
