@@ -1,0 +1,30 @@
+"""Contrastive losses (by name in :data:`LOSSES`) and the decoders' reconstruction losses.
+
+Importing this package registers every contrastive loss.
+"""
+
+from icr.losses.contrastive import (
+    LOSSES,
+    ContrastiveLoss,
+    build_loss,
+    loss_from_config,
+    loss_options,
+    negative_mask,
+)
+from icr.losses.infonce import infonce_loss
+from icr.losses.reconstruction import cosine_reconstruction_loss, token_nll_loss
+from icr.losses.triplet import triplet_all_loss, triplet_loss
+
+__all__ = [
+    "LOSSES",
+    "ContrastiveLoss",
+    "build_loss",
+    "cosine_reconstruction_loss",
+    "infonce_loss",
+    "loss_from_config",
+    "loss_options",
+    "negative_mask",
+    "token_nll_loss",
+    "triplet_all_loss",
+    "triplet_loss",
+]

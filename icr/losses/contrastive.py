@@ -1,0 +1,86 @@
+"""What a contrastive loss is in this project: its call signature, the registry and the negative mask.
+
+Every contrastive loss is a function ``loss(sims, image_ids=None, **options) -> scalar`` where
+``sims[i, j]`` is the similarity of image ``i`` and caption ``j`` of a batch of ``B`` image-caption
+pairs, so the matching pairs sit on the diagonal. ``image_ids[i]`` is the dataset id of the image of
+pair ``i``: when two pairs share an image (two of its captions drawn into one batch), the
+off-diagonal entries between them are not negatives and are masked out of every loss.
+
+The losses themselves live one per module (:mod:`icr.losses.infonce`, :mod:`icr.losses.triplet`)
+and register here by name; :func:`build_loss` binds a name and its options into a callable and
+:func:`loss_from_config` does the same from a config section (``name`` plus option fields).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+from icr.errors import ConfigError
+from icr.registry import Registry
+
+
+class ContrastiveLoss(Protocol):
+    def __call__(self, sims: Tensor, image_ids: Tensor | None = None) -> Tensor: ...
+
+
+LOSSES: Registry = Registry("contrastive loss")
+
+_DATA_ARGS = ("sims", "image_ids")
+
+
+def negative_mask(sims: Tensor, image_ids: Tensor | None = None) -> Tensor:
+    """Which entries of a batch similarity matrix are negatives.
+
+    Args:
+        sims: image-caption similarities, positives on the diagonal.
+        image_ids: dataset image id of each pair; pairs sharing an image are not negatives of
+            each other. ``None`` means every pair has its own image.
+
+    Shapes:
+        sims: ``(B, B)``; image_ids: ``(B,)``; returns a bool ``(B, B)``, symmetric.
+    """
+    if sims.dim() != 2 or sims.shape[0] != sims.shape[1]:
+        raise ValueError(f"sims must be a square (B, B) matrix, got {tuple(sims.shape)}")
+    batch = sims.shape[0]
+    if image_ids is None:
+        return ~torch.eye(batch, dtype=torch.bool, device=sims.device)  # (B, B)
+    if image_ids.shape != (batch,):
+        raise ValueError(f"image_ids must have shape ({batch},), got {tuple(image_ids.shape)}")
+    image_ids = image_ids.to(sims.device)
+    return image_ids[:, None] != image_ids[None, :]  # (B, B), diagonal False
+
+
+def build_loss(name: str, **options: Any) -> ContrastiveLoss:
+    """The registered loss ``name`` with its options (e.g. ``tau``, ``margin``) bound.
+
+    Raises:
+        ConfigError: unknown loss name or an option the loss does not take.
+    """
+    fn = LOSSES.get(name)
+    valid = loss_options(name)
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise ConfigError(
+            f"contrastive loss {name!r} has no option(s) {unknown}; valid: {', '.join(valid)}"
+        )
+    return functools.partial(fn, **options)
+
+
+def loss_options(name: str) -> list[str]:
+    """The keyword options (e.g. ``tau``) that the registered loss ``name`` takes."""
+    return [p for p in inspect.signature(LOSSES.get(name)).parameters if p not in _DATA_ARGS]
+
+
+def loss_from_config(section: Any) -> ContrastiveLoss:
+    """The loss named ``section.name`` with those fields of ``section`` that it takes as options.
+
+    ``section`` is any object with a ``name`` attribute (e.g. ``icr.config.LossConfig``); fields the
+    chosen loss does not use (``margin`` for InfoNCE) are ignored.
+    """
+    options = {p: getattr(section, p) for p in loss_options(section.name) if hasattr(section, p)}
+    return build_loss(section.name, **options)

@@ -1,0 +1,274 @@
+"""Training objectives of the LTD paper: contrastive (Eq. 1), dual (Eq. 7), Lagrangian (Eq. 8-9).
+
+A training loop uses every objective the same way::
+
+    objective = build_objective(cfg.objective)
+    out = objective(l_con, l_rec)      # l_rec is None without a decoder
+    out.loss.backward()
+    optimizer.step()                   # model parameters: lambda is a constant to them
+    objective.step()                   # the multiplier's ascent step; a no-op for the others
+    log({k: float(v) for k, v in out.logs.items()})
+
+and checkpoints ``objective.state_dict()`` next to the model and optimiser.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from icr.errors import ConfigError, TrainingError
+from icr.registry import Registry
+
+logger = logging.getLogger(__name__)
+
+OBJECTIVES: Registry = Registry("objective")
+
+
+@dataclass(frozen=True)
+class ObjectiveOutput:
+    """The loss to back-propagate and detached scalars to log.
+
+    ``logs`` holds 0-d tensors (``float()`` them when logging, so no device sync happens before):
+    ``loss``, ``L_con``, ``L_rec`` when a reconstruction loss was given, ``lambda`` (Lagrangian).
+    """
+
+    loss: Tensor
+    logs: dict[str, Tensor]
+
+
+class Objective:
+    """Base class: combines ``L_con`` and an optional ``L_rec`` into the training loss."""
+
+    uses_reconstruction: ClassVar[bool] = False
+
+    def __call__(self, l_con: Tensor, l_rec: Tensor | None = None) -> ObjectiveOutput:
+        raise NotImplementedError
+
+    def step(self) -> None:
+        """Update the objective's own parameters after the model's optimiser step."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state:
+            raise ValueError(f"{type(self).__name__} has no state, got keys {sorted(state)}")
+
+    def _logs(self, loss: Tensor, l_con: Tensor, l_rec: Tensor | None) -> dict[str, Tensor]:
+        logs = {"loss": loss.detach(), "L_con": l_con.detach()}
+        if l_rec is not None:
+            logs["L_rec"] = l_rec.detach()
+        return logs
+
+    def _require_rec(self, l_rec: Tensor | None) -> Tensor:
+        if l_rec is None:
+            raise ConfigError(
+                f"objective {type(self).__name__.lower()!r} needs a reconstruction loss: "
+                "set decoder.name to ltd or itd, or use objective.name=contrastive"
+            )
+        return l_rec
+
+
+class Contrastive(Objective):
+    """``L = L_con`` (Eq. 1). A given ``L_rec`` is logged but does not enter the loss."""
+
+    def __call__(self, l_con: Tensor, l_rec: Tensor | None = None) -> ObjectiveOutput:
+        return ObjectiveOutput(l_con, self._logs(l_con, l_con, l_rec))
+
+
+class Dual(Objective):
+    """``L_dual = L_con + beta * L_rec`` (Eq. 7 of the LTD paper; the paper and reference use beta 1).
+
+    Args:
+        beta: weight of the reconstruction loss, >= 0.
+    """
+
+    uses_reconstruction = True
+
+    def __init__(self, beta: float = 1.0) -> None:
+        if beta < 0:
+            raise ConfigError(f"objective.beta must be >= 0, got {beta}")
+        self.beta = beta
+
+    def __call__(self, l_con: Tensor, l_rec: Tensor | None = None) -> ObjectiveOutput:
+        l_rec = self._require_rec(l_rec)
+        loss = l_con + self.beta * l_rec
+        return ObjectiveOutput(loss, self._logs(loss, l_con, l_rec))
+
+
+class LagrangeMultiplier(nn.Module):
+    """A scalar multiplier lambda >= 0 trained by projected SGD ascent on its own optimiser.
+
+    Each :meth:`step` takes the constraint violation ``v = L_rec / eta - 1`` as a constant, sets
+    ``d/dlambda [lambda * v] = v`` as the gradient and lets ``torch.optim.SGD(maximize=True)`` with
+    momentum ``mu`` and dampening ``d`` ascend, then projects lambda into ``[0, max_value]``::
+
+        b_1 = v_1,   b_t = mu * b_{t-1} + (1 - d) * v_t      (torch's momentum buffer)
+        lambda_t = clip(lambda_{t-1} + lr * b_t, 0, max_value)
+
+    With the reference's numbers (init 1, max 100, lr 5e-3, mu = d = 0.9) the buffer is an
+    exponential moving average of the violation, so lambda moves by about ``5e-3 * v`` per step:
+    with eta = 0.05 and L_rec near 0.3 (v = 5) it rises by 0.025 a step and hits 100 after about
+    4,000 steps (one COCO epoch at batch 128 is 4,425); once L_rec < eta (v in [-1, 0)) it falls by
+    at most 0.005 a step, so from 1 to 0 in a few hundred steps, and stays at 0 while the
+    constraint holds.
+
+    Deliberate differences from the reference: it clamps lambda only where it is used, with a
+    straight-through gradient, so the raw value winds up far outside [0, 100] and must walk back
+    before it acts again; here the parameter itself is projected after every step. The reference
+    does not checkpoint lambda; here ``state_dict`` holds the value and, as extra state, the
+    optimiser's momentum buffer, so a resumed run continues exactly.
+
+    Args:
+        init: initial value, in ``[0, max_value]``.
+        max_value: upper bound of the projection.
+        lr, momentum, dampening: of the ascent SGD.
+
+    References:
+        Eq. 9 and section 4.2 of the LTD paper (Bleeker et al.); Platt & Barr, 1987.
+    """
+
+    def __init__(
+        self,
+        init: float = 1.0,
+        max_value: float = 100.0,
+        lr: float = 5e-3,
+        momentum: float = 0.9,
+        dampening: float = 0.9,
+    ) -> None:
+        super().__init__()
+        if not 0.0 <= init <= max_value:
+            raise ConfigError(f"lambda init {init} must lie in [0, lambda_max = {max_value}]")
+        if lr <= 0:
+            raise ConfigError(f"lambda lr must be > 0, got {lr}")
+        self.max_value = float(max_value)
+        self.value = nn.Parameter(torch.tensor(float(init)))
+        self.optimizer = torch.optim.SGD(
+            [self.value], lr=lr, momentum=momentum, dampening=dampening, maximize=True
+        )
+
+    def forward(self) -> Tensor:
+        """Lambda as a constant for the model's loss (no gradient reaches the multiplier)."""
+        return self.value.detach()
+
+    def step(self, violation: Tensor) -> None:
+        """One projected ascent step on ``lambda * violation``; ``violation`` is a constant."""
+        violation = violation.detach().to(self.value)  # () constant for lambda
+        if not torch.isfinite(violation):
+            raise TrainingError(
+                f"constraint violation is {violation.item()}: L_rec is not finite; "
+                "lower the learning rate or enable gradient clipping"
+            )
+        self.optimizer.zero_grad(set_to_none=True)
+        self.value.grad = violation.clone()  # d/dlambda of lambda * violation
+        self.optimizer.step()
+        with torch.no_grad():
+            self.value.clamp_(0.0, self.max_value)
+
+    def get_extra_state(self) -> dict[str, Any]:
+        return copy.deepcopy(self.optimizer.state_dict())
+
+    def set_extra_state(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(copy.deepcopy(state))
+
+
+class Lagrangian(Objective):
+    """``L_lag = L_con + lambda * (L_rec / eta - 1)``, min over the model, max over lambda (Eq. 9).
+
+    Implements the constrained problem ``min L_con s.t. L_rec <= eta`` (Eq. 8). The model sees
+    lambda as a constant; :meth:`step` moves lambda with the mean violation of the calls made
+    with gradients enabled since the last step (calls under ``torch.no_grad``, e.g. validation,
+    do not count), so gradient accumulation over several calls is handled. The logged ``loss``
+    includes the ``-lambda`` term, so it can be negative.
+
+    Args:
+        eta: the bound on ``L_rec`` (> 0).
+        init, max_value, lr, momentum, dampening: of the :class:`LagrangeMultiplier`.
+
+    References:
+        Eq. 8-9 and section 3.4.3 of the LTD paper (Bleeker et al.).
+    """
+
+    uses_reconstruction = True
+
+    def __init__(
+        self,
+        eta: float,
+        init: float = 1.0,
+        max_value: float = 100.0,
+        lr: float = 5e-3,
+        momentum: float = 0.9,
+        dampening: float = 0.9,
+    ) -> None:
+        if eta <= 0:
+            raise ConfigError(f"objective.eta must be > 0, got {eta}")
+        self.eta = eta
+        self.multiplier = LagrangeMultiplier(init, max_value, lr, momentum, dampening)
+        self._violations: list[Tensor] = []
+
+    @property
+    def lambda_value(self) -> float:
+        return float(self.multiplier.value.detach())
+
+    def __call__(self, l_con: Tensor, l_rec: Tensor | None = None) -> ObjectiveOutput:
+        l_rec = self._require_rec(l_rec)
+        violation = l_rec / self.eta - 1.0  # ()
+        lam = self.multiplier().to(device=l_rec.device, dtype=l_rec.dtype)  # () constant
+        loss = l_con + lam * violation
+        if torch.is_grad_enabled():
+            self._violations.append(violation.detach())
+        logs = self._logs(loss, l_con, l_rec)
+        logs["lambda"] = lam
+        return ObjectiveOutput(loss, logs)
+
+    def step(self) -> None:
+        if not self._violations:
+            logger.debug("Lagrangian.step() without a training call since the last step: no-op")
+            return
+        violation = torch.stack(self._violations).mean()  # ()
+        self._violations = []
+        self.multiplier.step(violation)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"multiplier": self.multiplier.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.multiplier.load_state_dict(state["multiplier"])
+        self._violations = []
+
+
+@OBJECTIVES.register("contrastive")
+def _build_contrastive(section: Any) -> Contrastive:
+    return Contrastive()
+
+
+@OBJECTIVES.register("dual")
+def _build_dual(section: Any) -> Dual:
+    return Dual(beta=section.beta)
+
+
+@OBJECTIVES.register("lagrangian")
+def _build_lagrangian(section: Any) -> Lagrangian:
+    return Lagrangian(
+        eta=section.eta,
+        init=section.lambda_init,
+        max_value=section.lambda_max,
+        lr=section.lambda_lr,
+        momentum=section.lambda_momentum,
+        dampening=section.lambda_dampening,
+    )
+
+
+def build_objective(section: Any) -> Objective:
+    """The objective named ``section.name`` built from an ``ObjectiveConfig``-like section.
+
+    Raises:
+        ConfigError: unknown name (listing the valid ones) or an invalid value.
+    """
+    return OBJECTIVES.get(section.name)(section)
