@@ -1,0 +1,99 @@
+"""Caption encoders: token ids -> one vector per caption."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import Tensor, nn
+from torch.nn.utils.rnn import pack_padded_sequence
+
+from icr.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["GRUCaptionEncoder"]
+
+_MERGES = ("concat", "mean")
+
+
+class GRUCaptionEncoder(nn.Module):
+    """Word embeddings and a packed (bi-)GRU; the caption vector is the GRU's final hidden state.
+
+    The summary is the last layer's ``h_n`` of a GRU run over a packed sequence, so padding is never
+    read: the forward direction's state after the last valid token and the backward direction's
+    state after reading back to the first token. The two are concatenated (``merge="concat"``,
+    ``output_dim = 2 * hidden_dim``, the 1024-d caption feature of the PCME / LTD baseline) or
+    averaged (``merge="mean"``, ``output_dim = hidden_dim``, as in VSE-infinity).
+
+    This deliberately differs from the PCME / LTD reference (REFERENCE_NOTES.md section 1), which
+    takes the GRU *output* at the last valid token: there the backward direction has read one token.
+
+    Args:
+        vocab_size: number of token ids; id 0 is padding.
+        embed_dim: word embedding size (300 for GloVe 840B; 50 for the offline GloVe 6B 50d).
+        hidden_dim: GRU units per direction.
+        num_layers: stacked GRU layers.
+        bidirectional: run a backward direction too.
+        pretrained_embeddings: optional (vocab_size, embed_dim) tensor to initialise the embeddings
+            (e.g. GloVe vectors aligned with the vocabulary); copied, not shared.
+        dropout: dropout on the word embeddings and, when ``num_layers > 1``, between GRU layers.
+        merge: how the two directions are combined, ``"concat"`` or ``"mean"``.
+
+    Shapes:
+        tokens (B, T) int64 padded with 0, lengths (B,) with 1 <= length <= T -> (B, output_dim).
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        embed_dim: int = 300,
+        hidden_dim: int = 512,
+        num_layers: int = 1,
+        bidirectional: bool = True,
+        pretrained_embeddings: Tensor | None = None,
+        dropout: float = 0.0,
+        merge: str = "concat",
+    ) -> None:
+        super().__init__()
+        if merge not in _MERGES:
+            raise ConfigError(f"text merge {merge!r} is unknown; valid: {', '.join(_MERGES)}")
+        self.embed = nn.Embedding(vocab_size, embed_dim, padding_idx=0)
+        if pretrained_embeddings is not None:
+            if tuple(pretrained_embeddings.shape) != (vocab_size, embed_dim):
+                raise ConfigError(
+                    f"pretrained embeddings have shape {tuple(pretrained_embeddings.shape)}, "
+                    f"expected (vocab_size, embed_dim) = ({vocab_size}, {embed_dim}); "
+                    "set text.embed_dim to the vectors' size"
+                )
+            with torch.no_grad():
+                self.embed.weight.copy_(pretrained_embeddings)
+        self.dropout = nn.Dropout(dropout)
+        self.gru = nn.GRU(
+            embed_dim,
+            hidden_dim,
+            num_layers=num_layers,
+            batch_first=True,
+            bidirectional=bidirectional,
+            dropout=dropout if num_layers > 1 else 0.0,
+        )
+        self.num_layers = num_layers
+        self.num_directions = 2 if bidirectional else 1
+        self.hidden_dim = hidden_dim
+        self.merge = merge
+        self.output_dim = hidden_dim * (self.num_directions if merge == "concat" else 1)
+
+    def forward(self, tokens: Tensor, lengths: Tensor) -> Tensor:
+        batch = tokens.shape[0]
+        emb = self.dropout(self.embed(tokens))  # (B, T, E)
+        packed = pack_padded_sequence(emb, lengths.cpu(), batch_first=True, enforce_sorted=False)
+        _, h_n = self.gru(packed)  # (L * dirs, B, H), back in input order
+        h_n = h_n.view(self.num_layers, self.num_directions, batch, self.hidden_dim)
+        final = h_n[-1]  # (dirs, B, H): forward after the last token, backward after the first
+        if self.merge == "mean":
+            return final.mean(dim=0)  # (B, H)
+        return final.transpose(0, 1).reshape(batch, -1)  # (B, dirs * H)
+
+    def set_embeddings_trainable(self, flag: bool) -> None:
+        """Freeze (``False``) or unfreeze (``True``) the word embeddings."""
+        self.embed.weight.requires_grad_(flag)
