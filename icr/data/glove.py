@@ -23,9 +23,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from icr.data.targets import save_npy_atomic
 from icr.data.vocab import PAD, SPECIALS, Vocabulary
 from icr.errors import ConfigError, DataError
+from icr.io import save_npy_atomic
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,6 @@ import json
 import logging
 import os
 import re
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from icr.errors import ConfigError
+from icr.io import save_npy_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -144,20 +144,3 @@ def load_sentence_model(model: str, device: str | None = None) -> Any:
             f"cannot load sentence-transformers model {model!r} offline ({type(err).__name__}); "
             "pass a local model folder or use 'all-MiniLM-L6-v2'"
         ) from err
-
-
-def save_npy_atomic(path: Path, array: np.ndarray) -> None:
-    """Write ``array`` to ``path`` via a temporary file in the same folder and a rename.
-
-    A concurrent reader sees either no file or the whole array, never a partial one.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.save(f, array)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

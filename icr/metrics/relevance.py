@@ -31,8 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
-from icr.data.targets import save_npy_atomic
 from icr.errors import DataError
+from icr.io import save_npy_atomic
 
 logger = logging.getLogger(__name__)
 
