@@ -1,0 +1,296 @@
+"""The embedded shapes benchmark: layout, determinism, truthful captions, loaders, pixel features."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from icr.data import cxc, entities, karpathy, precomp
+from icr.data.synthetic import writer
+from icr.data.synthetic.regions import RegionFeatureExtractor
+from icr.data.synthetic.render import render_scene
+from icr.data.synthetic.semantics import TruthTable, holds
+from icr.data.synthetic.world import Background, Scene, SceneObject, position_words
+from icr.errors import DataError
+
+SPLITS = ("train", "val", "test")
+TINY = writer.PRESETS["tiny"]
+
+
+def _hashes(folder: Path) -> dict[str, str]:
+    return {
+        p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*")) if p.is_file()
+    }
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory) -> Path:
+    """The tiny preset, seed 0, written by the command line."""
+    out = tmp_path_factory.mktemp("shapes") / "tiny-0"
+    subprocess.run(
+        [sys.executable, "-m", "icr.data.synthetic", "--out", str(out), "--preset", "tiny",
+         "--seed", "0"],
+        check=True, capture_output=True, text=True,
+    )
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_hashes(tiny) -> dict[str, str]:
+    return _hashes(tiny)
+
+
+@pytest.fixture(scope="session")
+def scenes(tiny) -> dict[str, dict]:
+    return writer.load_scenes(tiny)
+
+
+# ------------------------------------------------------------------------------ layout, determinism
+
+
+def test_cli_writes_the_layout(tiny, tiny_hashes):
+    n = {s: TINY.count(s) for s in SPLITS}
+    files = set(tiny_hashes)
+    assert {"MANIFEST.json", "dataset_shapes.json", "scenes.json", "cxc/sits_val.csv",
+            "cxc/sits_test.csv"} <= files
+    for s in SPLITS:
+        for name in ("ims.npy", "boxes.npy", "caps.txt", "ids.txt"):
+            assert f"precomp/{s}_{name}" in files
+        assert f"entities/{s}.txt" in files
+    total = sum(n.values())
+    assert sum(f.startswith("images/shapes_") and f.endswith(".png") for f in files) == total
+    assert sum(f.startswith("entities/Sentences/") for f in files) == total
+    assert sum(f.startswith("entities/Annotations/") for f in files) == total
+    assert not [p for p in tiny.parent.iterdir() if p.name.startswith(".")]  # no temp folder left
+    manifest = writer.read_manifest(tiny)
+    assert manifest["preset"] == "tiny" and manifest["seed"] == 0
+    assert manifest["generator_version"] == writer.GENERATOR_VERSION
+    assert {s: manifest["counts"][s]["images"] for s in SPLITS} == n
+    assert manifest["fingerprint"] == writer.fingerprint(tiny)
+    with Image.open(tiny / "images" / "shapes_000000.png") as im:
+        assert im.size == (64, 64) and im.mode == "RGB"
+
+
+def test_same_seed_gives_identical_files_and_another_seed_differs(tmp_path, tiny_hashes):
+    again = _hashes(writer.generate(tmp_path / "again", "tiny", 0))
+    assert again == tiny_hashes
+    other = _hashes(writer.generate(tmp_path / "other", "tiny", 1))
+    assert other.keys() == tiny_hashes.keys()
+    changed = [f for f in other if other[f] != tiny_hashes[f]]
+    assert "dataset_shapes.json" in changed and "precomp/train_ims.npy" in changed
+    assert sum(f.startswith("images/") for f in changed) == sum(TINY.count(s) for s in SPLITS)
+
+
+def test_worker_processes_do_not_change_the_files(tmp_path, tiny_hashes, monkeypatch):
+    monkeypatch.setattr(writer, "_BLOCK", 16)  # 4 blocks over 2 spawned workers
+    assert _hashes(writer.generate(tmp_path / "pool", "tiny", 0, workers=2)) == tiny_hashes
+
+
+def test_interrupted_generation_leaves_no_dataset(tmp_path, monkeypatch):
+    def boom(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(writer, "_write_cxc", boom)  # after images, precomp and entities
+    with pytest.raises(KeyboardInterrupt):
+        writer.generate(tmp_path / "broken", "tiny", 0)
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(KeyboardInterrupt):
+        writer.ensure_benchmark(tmp_path / "broken", "tiny", 0)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_ensure_benchmark_generates_once_then_reuses(tmp_path, monkeypatch, tiny_hashes):
+    root = tmp_path / "shapes-tiny-0"
+    assert writer.ensure_benchmark(root, "tiny", 0) == root
+    assert _hashes(root) == tiny_hashes
+
+    def never(*args, **kwargs):
+        raise AssertionError("regenerated an existing benchmark")
+
+    monkeypatch.setattr(writer, "write_benchmark", never)
+    assert writer.ensure_benchmark(root, "tiny", 0) == root
+    with pytest.raises(DataError, match="seed"):
+        writer.ensure_benchmark(root, "tiny", 1)
+    with pytest.raises(DataError, match="not empty"):
+        writer.generate(root, "tiny", 0)
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "file").write_text("x")
+    with pytest.raises(DataError, match="MANIFEST"):
+        writer.ensure_benchmark(tmp_path / "junk", "tiny", 0)
+    with pytest.raises(DataError, match="preset"):
+        writer.generate(tmp_path / "x", "huge", 0)
+
+
+# ------------------------------------------------------------------------------ captions
+
+
+def _scene(record: dict) -> Scene:
+    return Scene.from_json(record["scene"])
+
+
+def test_every_caption_is_true_of_its_image(scenes):
+    for record in scenes.values():
+        scene = _scene(record)
+        for caption in record["captions"]:
+            assert holds(caption["meaning"], scene), caption["raw"]
+            for mention in caption["mentions"]:
+                assert 0 <= mention["object"] < len(scene.objects)
+
+
+def test_captions_of_an_image_differ_in_what_they_mention(scenes):
+    all_distinct = 0
+    for record in scenes.values():
+        raws = [c["raw"] for c in record["captions"]]
+        assert len(raws) == 5 and len(set(raws)) == 5
+        signatures = {
+            (tuple(sorted(json.dumps(c, sort_keys=True) for c in cap["meaning"])),)
+            for cap in record["captions"]
+        }
+        mentions = {json.dumps(c["mentions"], sort_keys=True) for c in record["captions"]}
+        assert len(signatures) >= 4 and len(mentions) >= 2, raws
+        all_distinct += len(mentions) == 5
+    assert all_distinct >= 0.6 * len(scenes)
+
+
+def test_grammar_uses_its_variety(scenes):
+    captions = [c for r in scenes.values() for c in r["captions"]]
+    kinds = {clause["kind"] for c in captions for clause in c["meaning"]}
+    assert kinds == {"exists", "count", "relation", "background", "total"}
+    mentioned = [len(c["mentions"]) for c in captions]
+    assert min(mentioned) == 1 and max(mentioned) >= 3
+    sizes = [len(m["attributes"]) for c in captions for m in c["mentions"] if m["attributes"]]
+    assert min(sizes) == 1 and max(sizes) >= 4
+
+
+def test_truth_table_agrees_with_the_plain_checker(scenes):
+    records = [r for r in scenes.values() if r["split"] == "val"]
+    scene_list = [_scene(r) for r in records]
+    table = TruthTable(scene_list)
+    for r in records:
+        for caption in r["captions"]:
+            expected = [holds(caption["meaning"], s) for s in scene_list]
+            assert table.holds(caption["meaning"]).tolist() == expected
+
+
+def test_extended_positives_are_true_other_images_and_complete(tiny, scenes):
+    for split in ("val", "test"):
+        pairs = cxc.load_cxc_pairs(tiny / "cxc" / f"sits_{split}.csv")
+        assert (pairs["agg_score"] == 5.0).all() and (pairs["sampling_method"] == "c2i_scene").all()
+        records = [r for r in scenes.values() if r["split"] == split]
+        caption_of = {c["sentid"]: (c, r["filename"]) for r in records for c in r["captions"]}
+        found = set()
+        for sentid, image in zip(pairs["caption"], pairs["image"], strict=True):
+            caption, own = caption_of[sentid]
+            assert image != own
+            assert holds(caption["meaning"], _scene(scenes[image]))
+            found.add((sentid, image))
+        expected = {
+            (c["sentid"], r2["filename"])
+            for r in records for c in r["captions"] for r2 in records
+            if r2 is not r and holds(c["meaning"], _scene(r2))
+        }
+        assert found == expected and len(found) > 0
+
+
+# ------------------------------------------------------------------------------ loaders
+
+
+def test_loaders_read_everything_back(tiny, scenes):
+    manifest = writer.read_manifest(tiny)
+    for split in SPLITS:
+        n = TINY.count(split)
+        kp = karpathy.load_karpathy(tiny / "dataset_shapes.json", split, image_root=tiny / "images")
+        assert kp.num_images == n and kp.num_captions == 5 * n
+        assert len(set(kp.caption_ids)) == 5 * n
+        assert all(kp.image_path(i).is_file() for i in range(n))
+        pc = precomp.load_precomp(tiny / "precomp", split, mmap=False)
+        assert pc.features.shape == (n, TINY.regions, TINY.feature_dim)
+        assert pc.features.dtype == np.float32 and np.isfinite(pc.features).all()
+        assert pc.boxes.shape == (n, TINY.regions, 4)
+        assert (pc.boxes >= 0).all() and (pc.boxes <= 64).all()
+        assert (pc.boxes[..., 2:] > pc.boxes[..., :2]).all()
+        assert pc.images.image_ids == kp.image_ids and pc.images.captions == kp.captions
+        ent = entities.load_entities(tiny / "entities", split)
+        assert [e.image_id + ".png" for e in ent] == list(kp.image_ids)
+        for e, first in zip(ent, range(0, 5 * n, 5), strict=True):
+            _check_entities_image(e, kp.captions[first:first + 5], scenes[e.image_id + ".png"])
+        if split != "train":
+            i2t, t2i = cxc.extended_positives(kp, tiny / "cxc" / f"sits_{split}.csv", 3.0)
+            assert sum(map(len, t2i)) == sum(map(len, i2t)) == manifest["counts"][split]["cxc_pairs"]
+
+
+def _check_entities_image(image, raw_captions, record):
+    assert len(image.sentences) == 5
+    annotation = image.annotation
+    assert (annotation.width, annotation.height) == (64, 64)
+    objects = record["scene"]["objects"]
+    for sentence, raw, caption in zip(image.sentences, raw_captions, record["captions"], strict=True):
+        assert sentence.text.replace(" ,", ",").replace(" .", ".").replace(" :", ":") == raw
+        assert len(sentence.phrases) == len(caption["phrases"]) >= 1
+        for phrase in sentence.phrases:
+            if phrase.types == ("scene",):
+                assert phrase.chain_id in annotation.scene_chains
+                continue
+            assert phrase.types == ("shapes",) and phrase.chain_id in annotation.boxes
+    for k, obj in enumerate(objects):  # each object's own chain: its tight box, 0-based inclusive
+        x0, y0, x1, y1 = obj["bbox"]
+        chain = record["imgid"] * writer.CHAINS_PER_IMAGE + (1 << k)
+        assert annotation.boxes[chain] == [(int(np.floor(x0)), int(np.floor(y0)),
+                                            int(np.ceil(x1)) - 1, int(np.ceil(y1)) - 1)]
+
+
+# ------------------------------------------------------------------------------ region features
+
+
+def _single_object_scene(cx: float, cy: float, colour_rgb, tone: str, bg_rgb) -> Scene:
+    h, v = position_words(cx, cy, 64)
+    obj = SceneObject("star", "red", "large", "striped", cx, cy, 22.0, 0.0, colour_rgb, h, v)
+    return Scene(64, Background(tone, bg_rgb, 6.0, 15.0, 0.5), (obj,))
+
+
+def _object_feature(scene: Scene, seed: int) -> np.ndarray:
+    rendering = render_scene(scene, np.random.default_rng(seed))
+    box = np.asarray([rendering.boxes[0]], dtype=np.float32)
+    return RegionFeatureExtractor().image_features(rendering.pixels, box)[0]
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
+
+
+def test_region_features_of_equal_objects_are_similar_not_equal():
+    red = (214, 39, 40)
+    a = _object_feature(_single_object_scene(15.0, 16.0, red, "dark", (30, 35, 40)), seed=1)
+    b = _object_feature(_single_object_scene(44.0, 47.0, red, "dark", (55, 40, 45)), seed=2)
+    blue = _object_feature(_single_object_scene(44.0, 47.0, (40, 80, 220), "dark", (55, 40, 45)), 2)
+    assert not np.allclose(a, b, atol=1e-3)
+    assert _cosine(a, b) > 0.9
+    assert 1 - _cosine(a, b) < 0.5 * (1 - _cosine(blue, b))  # colour moves it more than place
+
+
+def test_stored_features_are_computed_from_the_png_pixels(tiny, scenes):
+    pc = precomp.load_precomp(tiny / "precomp", "val", mmap=False)
+    extractor = RegionFeatureExtractor(dim=TINY.feature_dim)
+    name = pc.images.image_ids[0]
+    pixels = np.asarray(Image.open(tiny / "images" / name).convert("RGB"))
+    boxes = pc.boxes[0]
+    np.testing.assert_allclose(extractor.image_features(pixels, boxes), pc.features[0], atol=1e-5)
+    owner = scenes[name]["region_owner"]
+    r = owner.index(0)  # the region of object 0
+    x0, y0, x1, y1 = (int(v) for v in scenes[name]["scene"]["objects"][0]["bbox"])
+    recoloured = pixels.copy()
+    recoloured[y0:y1, x0:x1] = recoloured[y0:y1, x0:x1, ::-1]  # swap red and blue there only
+    after = extractor.image_features(recoloured, boxes)
+    assert not np.allclose(after[r], pc.features[0][r], atol=1e-3)
+    far = [i for i, b in enumerate(boxes)
+           if b[0] >= x1 + 3 or b[2] <= x0 - 3 or b[1] >= y1 + 3 or b[3] <= y0 - 3]
+    for i in far:  # regions that do not touch the recoloured pixels keep their features
+        np.testing.assert_allclose(after[i], pc.features[0][i], atol=1e-5)
