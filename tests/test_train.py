@@ -1,0 +1,117 @@
+"""fit(): the schedule, SWA placement, a short run end to end, exact resume, failure on NaN."""
+
+import math
+import shutil
+
+import pytest
+import torch
+
+from icr.config import from_flat
+from icr.errors import ConfigError, TrainingError
+from icr.train import fit, lr_factor, swa_snapshot_steps
+
+TINY = {
+    "data.preset": "tiny",
+    "model.embed_dim": 32,
+    "text.hidden_dim": 32,
+    "decoder.hidden_dim": 32,
+    "decoder.word_dim": 16,
+    "train.batch_size": 16,
+    "train.warmup_epochs": 1,
+    "train.finetune_epochs": 1,
+    "train.swa_bn_batches": 2,
+    "train.trajectory_every": 2,
+    "eval.batch_size": 64,
+}
+
+
+def tiny(**overrides):
+    return from_flat({**TINY, **{k.replace("__", "."): v for k, v in overrides.items()}})
+
+
+def test_lr_schedule_is_a_cosine_per_phase():
+    f = lambda s: lr_factor(s, 10, 2, 3, 0.1)  # noqa: E731
+    assert f(0) == 1.0
+    assert f(10) == pytest.approx(0.5)  # half-way through the 20 warm-up steps
+    assert f(20) == pytest.approx(0.1)  # the fine-tune phase restarts at lr x 0.1 ...
+    assert f(35) == pytest.approx(0.05)  # ... and decays along its own cosine
+    assert f(49) < f(48) < 0.1
+    fine = [f(s) for s in range(20, 50)]
+    assert all(a >= b for a, b in zip(fine, fine[1:], strict=False))  # never climbs back
+
+
+def test_lr_schedule_without_warmup():
+    assert lr_factor(0, 10, 0, 2, 0.1) == pytest.approx(0.1)
+
+
+def test_swa_snapshots_span_the_last_tenth():
+    assert swa_snapshot_steps(100, 5, 0.1) == {90, 92, 94, 97, 99}
+    assert swa_snapshot_steps(3, 5, 0.1) <= {0, 1, 2}
+
+
+def test_two_epoch_fit_reports_every_epoch(workspace, tmp_path):
+    reports = []
+    result = fit(tiny(), lambda m, d: reports.append((m, sorted(p.name for p in d.iterdir()))),
+                 workspace=workspace, run_dir=tmp_path)
+    assert [m["epoch"] for m, _ in reports] == [1, 2]
+    last, files = reports[-1]
+    assert {"state.pt", "best_model.pt", "trajectory.csv"} <= set(files)
+    for key in ("val_rsum", "val_i2t_R_at_1", "val_t2i_R_at_10", "val_i2t_rprec",
+                "val_t2i_nDCG_at_25", "train_loss", "train_L_con", "lr", "test_rsum"):
+        assert key in last and math.isfinite(last[key]), key
+    assert "test_rsum" not in reports[0][0]  # test is evaluated once, at the end
+    assert result.test is not None and result.test["rsum"] == last["test_rsum"]
+    assert 0 <= last["val_rsum"] <= 600
+
+
+@pytest.mark.parametrize("decoder", ["ltd", "itd"])
+def test_lagrangian_fit_reports_lambda_and_trajectory(workspace, tmp_path, decoder):
+    config = tiny(decoder__name=decoder, objective__name="lagrangian", objective__eta=0.05,
+                  eval__test=False)
+    reports = []
+    fit(config, lambda m, d: reports.append((m, (d / "trajectory.csv").read_text())),
+        workspace=workspace, run_dir=tmp_path)
+    metrics, trajectory = reports[-1]
+    assert 0.0 <= metrics["lambda"] <= 100.0 and "train_L_rec" in metrics
+    header, *rows = trajectory.strip().splitlines()
+    assert header == "step,epoch,loss,L_con,L_rec,lambda" and len(rows) >= 2
+
+
+def test_resume_gives_the_metrics_of_an_uninterrupted_run(workspace, tmp_path):
+    config = tiny(decoder__name="ltd", objective__name="lagrangian", objective__eta=0.1)
+    saved = tmp_path / "after-epoch-1"
+
+    def keep_first(metrics, directory):
+        if metrics["epoch"] == 1:
+            shutil.copytree(directory, saved)
+
+    full = fit(config, keep_first, workspace=workspace, run_dir=tmp_path / "a")
+    resumed = fit(config, resume_from=saved, workspace=workspace, run_dir=tmp_path / "b")
+    a, b = full.history[-1], resumed.history[-1]
+    for key in a:
+        if key != "epoch_time_s":
+            assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-6), key
+    assert full.test == pytest.approx(resumed.test)
+
+
+def test_resume_with_another_config_is_refused(workspace, tmp_path):
+    saved = tmp_path / "ckpt"
+    fit(tiny(train__finetune_epochs=0, eval__test=False),
+        lambda m, d: shutil.copytree(d, saved), workspace=workspace, run_dir=tmp_path / "a")
+    with pytest.raises(ConfigError, match="another config"):
+        fit(tiny(loss__tau=0.1), resume_from=saved, workspace=workspace, run_dir=tmp_path / "b")
+
+
+def test_non_finite_loss_stops_the_trial(workspace, tmp_path, monkeypatch):
+    import icr.train
+
+    real = icr.train.loss_from_config
+    monkeypatch.setattr(icr.train, "loss_from_config",
+                        lambda section: lambda sims, ids: real(section)(sims, ids) * torch.nan)
+    with pytest.raises(TrainingError, match="non-finite loss at epoch 1, step 1"):
+        fit(tiny(), workspace=workspace, run_dir=tmp_path)
+
+
+def test_objective_needing_a_decoder_is_a_config_error(workspace, tmp_path):
+    with pytest.raises(ConfigError, match="decoder.name=ltd"):
+        fit(tiny(objective__name="dual"), workspace=workspace, run_dir=tmp_path)
