@@ -45,14 +45,20 @@ class TaskConfig:
 @dataclass(frozen=True)
 class DataConfig:
     dataset: str = _field(
-        "shapes", "shapes = embedded benchmark; karpathy = split JSON + images",
-        choices=("shapes", "karpathy"),
+        "shapes",
+        "shapes = embedded benchmark; karpathy = split JSON + images; precomp = SCAN/BUTD folder",
+        choices=("shapes", "karpathy", "precomp"),
+    )
+    features: str = _field(
+        "pixels", "image input: pixels (CNN) or regions (precomputed region features)",
+        choices=("pixels", "regions"),
     )
     preset: str = _field("default", "embedded benchmark size", choices=("tiny", "small", "default"))
     seed: int = _field(0, "embedded benchmark generation seed", low=0)
     root: str = _field("", "dataset folder; '' = <workspace>/data/shapes-<preset>-<seed>")
     karpathy_json: str = _field("", "Karpathy split JSON (dataset=karpathy)")
     image_root: str = _field("", "image folder of the Karpathy JSON (dataset=karpathy)")
+    precomp_dir: str = _field("", "SCAN/BUTD folder with {split}_ims.npy ('' = the benchmark's own)")
     cxc_val: str = _field("", "CxC sits CSV for validation ('' = the benchmark's own, if any)")
     cxc_test: str = _field("", "CxC sits CSV for test ('' = the benchmark's own, if any)")
     cxc_min_score: float = _field(3.0, "CxC agg_score at or above which a pair is positive", low=0, high=5)
@@ -75,8 +81,11 @@ class TextConfig:
 @dataclass(frozen=True)
 class ImageConfig:
     encoder: str = _field(
-        "small_cnn", "image backbone", choices=("small_cnn", "resnet18", "resnet50")
+        "small_cnn", "image encoder (regions needs data.features=regions)",
+        choices=("small_cnn", "resnet18", "resnet50", "regions"),
     )
+    hidden_dim: int = _field(512, "regions encoder: MLP hidden size", low=1)
+    output_dim: int = _field(256, "small_cnn / regions: size of the image vector", low=1)
     pretrained: bool = _field(False, "load ImageNet weights from a local file or the torch cache")
     weights_path: str = _field("", "local weights file for a pretrained backbone")
     random_erasing: float = _field(0.2, "probability of random erasing on training images", low=0, high=1)
@@ -266,9 +275,11 @@ def parse_value(key: str, raw: Any) -> Scalar:
     value = _coerce(spec, raw)
     if spec.choices is not None and value not in spec.choices:
         raise ConfigError(f"{key}={raw!r} is not allowed; {key} is {spec.describe()}")
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if (spec.low is not None and value < spec.low) or (spec.high is not None and value > spec.high):
-            raise ConfigError(f"{key}={raw!r} is out of range; {key} is {spec.describe()}")
+    numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+    too_low = numeric and spec.low is not None and value < spec.low
+    too_high = numeric and spec.high is not None and value > spec.high
+    if too_low or too_high:
+        raise ConfigError(f"{key}={raw!r} is out of range; {key} is {spec.describe()}")
     return value
 
 

@@ -54,7 +54,7 @@ from icr.data.pipeline import (
     PreparedData,
     collate_pairs,
     encode_split_captions,
-    normalize_images,
+    image_input,
     pad_sequences,
     prepare_data,
 )
@@ -135,7 +135,9 @@ class Trainer:
         self.config, self.data, self.device = config, data, device
         vocab_size = len(data.vocab)
         target_dim = None if data.targets is None else data.targets.shape[1]
-        self.encoder = build_dual_encoder(config, vocab_size, data.word_vectors)
+        images = data.images["train"]
+        region_dim = images.shape[-1] if images.dtype != torch.uint8 else None
+        self.encoder = build_dual_encoder(config, vocab_size, data.word_vectors, region_dim)
         decoder = build_decoder(config, vocab_size, target_dim)
         self.net = nn.ModuleDict({"encoder": self.encoder})
         if decoder is not None:
@@ -296,7 +298,7 @@ class Trainer:
         bs, split = self.config.eval.batch_size, self.data.splits[split_name]
         images = self.data.images[split_name]
         img = torch.cat([
-            self.encoder.encode_images(normalize_images(images[i : i + bs]).to(self.device))
+            self.encoder.encode_images(image_input(images, i, i + bs).to(self.device))
             for i in range(0, len(images), bs)
         ])
         ids = encode_split_captions(split, self.data.vocab, self.config.text.max_len)
@@ -463,3 +465,23 @@ def evaluate_best(trainer: Trainer, split: str) -> dict[str, float]:
         return trainer.evaluate(split)
     finally:
         trainer.net.load_state_dict(live)
+
+
+def restore(
+    config: ExperimentConfig,
+    checkpoint_dir: Path | str,
+    *,
+    workspace: Workspace | Path | str | None = None,
+    best: bool = True,
+) -> Trainer:
+    """A :class:`Trainer` in the state of a checkpoint, holding the best-validation weights by
+    default: for analyses of a trained model (``trainer.embed_split("test")``, probes, COCOS).
+    """
+    ws = workspace if isinstance(workspace, Workspace) else Workspace.resolve(workspace)
+    device = resolve_device(config.train.device)
+    trainer = Trainer(config, prepare_data(config, ws, device), device)
+    trainer.load(Path(checkpoint_dir))
+    if best and trainer.best_state is not None:
+        trainer.net.load_state_dict(trainer.best_state)
+    trainer.net.eval()
+    return trainer

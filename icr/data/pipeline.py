@@ -23,7 +23,7 @@ from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
 from icr.config import ExperimentConfig
-from icr.data import cxc, karpathy
+from icr.data import cxc, karpathy, precomp
 from icr.data.glove import embedding_matrix, load_glove
 from icr.data.targets import latent_targets
 from icr.data.types import CaptionedImages
@@ -55,7 +55,7 @@ class EvalAssets:
 class PreparedData:
     root: Path
     splits: dict[str, CaptionedImages]
-    images: dict[str, torch.Tensor]  # split -> (N, 3, H, W) uint8
+    images: dict[str, torch.Tensor]  # split -> (N, 3, H, W) uint8 pixels or (N, R, D) regions
     vocab: Vocabulary
     word_vectors: torch.Tensor | None  # (V, word_dim)
     targets: np.ndarray | None  # (C_train, D_target) latent targets of the training captions
@@ -71,6 +71,10 @@ def dataset_root(config: ExperimentConfig, workspace: Workspace) -> Path:
 
         root = Path(d.root) if d.root else workspace.data / f"shapes-{d.preset}-{d.seed}"
         return ensure_benchmark(root, d.preset, d.seed)
+    if d.dataset == "precomp":
+        if not d.precomp_dir:
+            raise ConfigError("data.dataset=precomp needs data.precomp_dir=<SCAN/BUTD folder>")
+        return Path(d.precomp_dir)
     if not d.karpathy_json:
         raise ConfigError("data.dataset=karpathy needs data.karpathy_json=<path to the split JSON>")
     return Path(d.karpathy_json).parent
@@ -78,6 +82,8 @@ def dataset_root(config: ExperimentConfig, workspace: Workspace) -> Path:
 
 def load_splits(config: ExperimentConfig, root: Path) -> dict[str, CaptionedImages]:
     d = config.data
+    if d.dataset == "precomp":
+        return {s: precomp.load_precomp(root, s).images for s in SPLITS}
     if d.dataset == "shapes":
         json_path, image_root = root / "dataset_shapes.json", root / "images"
     else:
@@ -94,7 +100,7 @@ def prepare_data(
     splits = load_splits(config, root)
     fp = data_fingerprint(splits)
     cache = workspace.cache
-    images = {s: cached_images(splits[s], config.data.image_size, cache) for s in SPLITS}
+    images = {s: image_inputs(config, root, splits[s], cache) for s in SPLITS}
     vocab = cached_vocabulary(splits["train"], config.text.vocab_min_count, cache)
     word_vectors = None
     if config.text.glove != "none":
@@ -128,6 +134,39 @@ def _split_key(split: CaptionedImages, *extra: object) -> str:
     h.update("\n".join(split.image_ids).encode())
     h.update("\n".join(split.captions).encode())
     return h.hexdigest()[:16]
+
+
+def image_inputs(
+    config: ExperimentConfig, root: Path, split: CaptionedImages, cache: Path
+) -> torch.Tensor:
+    """What the image encoder reads: decoded pixels, or precomputed region features."""
+    if config.data.features == "pixels":
+        return cached_images(split, config.data.image_size, cache)
+    d = config.data
+    folder = Path(d.precomp_dir) if d.precomp_dir else root / "precomp" if d.dataset == "shapes" else None
+    if folder is None:
+        raise ConfigError("data.features=regions needs data.precomp_dir=<SCAN/BUTD folder>")
+    return region_features(precomp.load_precomp(folder, split.split), split, d.image_size)
+
+
+def region_features(regions: precomp.PrecompSplit, split: CaptionedImages, image_size: int) -> torch.Tensor:
+    """Region features in the split's image order, boxes (when given) appended in [0, 1].
+
+    Shapes: returns (N, R, D) or (N, R, D + 4) float32.
+    """
+    row = {image_id: i for i, image_id in enumerate(regions.images.image_ids)}
+    missing = [i for i in split.image_ids if i not in row]
+    if missing:
+        raise DataError(
+            f"{len(missing)} {split.split} images (e.g. {missing[0]}) have no row in the region "
+            "features' ids file; the ids must be the split's image file names"
+        )
+    order = np.array([row[i] for i in split.image_ids])
+    features = np.asarray(regions.features[order], dtype=np.float32)  # (N, R, D)
+    if regions.boxes is not None:
+        boxes = np.asarray(regions.boxes[order], dtype=np.float32) / image_size  # (N, R, 4)
+        features = np.concatenate([features, boxes], axis=-1)  # (N, R, D + 4)
+    return torch.from_numpy(features)
 
 
 def cached_images(split: CaptionedImages, size: int, cache: Path) -> torch.Tensor:
@@ -191,6 +230,12 @@ def eval_assets(
     return EvalAssets(relevance, ext_i2t, ext_t2i)
 
 
+def image_input(images: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+    """Rows ``start:stop`` as the encoder reads them: pixels normalised, region features as is."""
+    rows = images[start:stop]
+    return normalize_images(rows) if rows.dtype == torch.uint8 else rows
+
+
 def normalize_images(images: torch.Tensor) -> torch.Tensor:
     """uint8 (B, 3, H, W) -> normalised float (B, 3, H, W)."""
     x = images.float().div_(255.0)
@@ -240,8 +285,8 @@ class PairDataset(Dataset):
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         rng = random.Random(derive_seed(self.seed, self.epoch, index))
         image_index = int(self.split.caption_image[index])
-        image = normalize_images(self.images[image_index : image_index + 1])[0]  # (3, H, W)
-        if self.erase is not None:
+        image = image_input(self.images, image_index, image_index + 1)[0]  # (3, H, W) or (R, D)
+        if self.erase is not None and image.dim() == 3:
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(rng.getrandbits(62))
                 image = self.erase(image)

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from icr.config import ExperimentConfig
+from icr.errors import ConfigError
 from icr.models.decoders import InputTargetDecoder, LatentTargetDecoder
 from icr.models.dual_encoder import DualEncoder
 from icr.models.heads import ProjectionHead
@@ -18,17 +19,37 @@ from icr.models.image import build_image_encoder
 from icr.models.text import GRUCaptionEncoder
 
 
+def image_options(config: ExperimentConfig, region_dim: int | None) -> dict[str, object]:
+    """Keyword arguments of the image encoder named by ``image.encoder``."""
+    image, pixels = config.image, config.data.features == "pixels"
+    if (image.encoder == "regions") == pixels:
+        raise ConfigError(
+            f"image.encoder={image.encoder} does not read data.features={config.data.features}; "
+            "use image.encoder=regions with data.features=regions, a CNN with pixels"
+        )
+    options: dict[str, object] = {"pretrained": image.pretrained}
+    if image.weights_path:
+        options["weights_path"] = image.weights_path
+    if image.encoder == "regions":
+        options.update(in_dim=region_dim, hidden_dim=image.hidden_dim, output_dim=image.output_dim)
+    elif image.encoder == "small_cnn":
+        options["output_dim"] = image.output_dim
+    return options
+
+
 def build_dual_encoder(
-    config: ExperimentConfig, vocab_size: int, word_vectors: torch.Tensor | None
+    config: ExperimentConfig,
+    vocab_size: int,
+    word_vectors: torch.Tensor | None,
+    region_dim: int | None = None,
 ) -> DualEncoder:
     """The image-caption dual encoder of the LTD paper (Section 4.2), sized by ``config``.
 
+    ``region_dim`` is the size of a region vector when the images are precomputed regions.
+
     BatchNorm follows the projection heads only with a triplet loss, as in the reference code.
     """
-    image_options: dict[str, object] = {"pretrained": config.image.pretrained}
-    if config.image.weights_path:
-        image_options["weights_path"] = config.image.weights_path
-    image_encoder = build_image_encoder(config.image.encoder, **image_options)
+    image_encoder = build_image_encoder(config.image.encoder, **image_options(config, region_dim))
     caption_encoder = GRUCaptionEncoder(
         vocab_size,
         embed_dim=config.text.word_dim,

@@ -260,3 +260,48 @@ def small_cnn(
     backbone = SmallCNN(output_dim=output_dim, width=width)
     _maybe_load(backbone, "small_cnn", pretrained, weights_path)
     return ImageEncoder(backbone, output_dim)
+
+
+# --------------------------------------------------------------------------- region features
+
+
+class RegionEncoder(nn.Module):
+    """Precomputed region features (SCAN / BUTD layout) to one image vector.
+
+    Each region (its feature, with its normalised box appended when available) goes through a
+    two-layer MLP; the regions are then max-pooled, so the image vector keeps, per dimension, the
+    strongest region. There is no backbone to freeze: the detector ran offline.
+
+    Args:
+        in_dim: size of a region's input vector (feature dim, + 4 with boxes).
+        hidden_dim: MLP hidden size.
+        output_dim: image vector size.
+
+    Shapes:
+        regions (B, R, in_dim) -> (B, output_dim).
+    """
+
+    def __init__(self, in_dim: int, hidden_dim: int = 512, output_dim: int = 512) -> None:
+        super().__init__()
+        self.mlp = nn.Sequential(
+            nn.Linear(in_dim, hidden_dim), nn.ReLU(inplace=True), nn.Linear(hidden_dim, output_dim)
+        )
+        self.output_dim = output_dim
+
+    def forward(self, regions: Tensor) -> Tensor:
+        per_region = self.mlp(regions)  # (B, R, output_dim)
+        return per_region.max(dim=1).values  # (B, output_dim)
+
+    def set_backbone_trainable(self, flag: bool) -> None:
+        """No backbone: the region features were extracted offline."""
+
+
+@IMAGE_ENCODERS.register("regions")
+def regions(
+    *, in_dim: int, hidden_dim: int = 512, output_dim: int = 512, pretrained: bool = False,
+    weights_path: str | None = None,
+) -> RegionEncoder:
+    """:class:`RegionEncoder` over precomputed regions (``data.features=regions``)."""
+    encoder = RegionEncoder(in_dim, hidden_dim, output_dim)
+    _maybe_load(encoder, "regions", pretrained, weights_path)
+    return encoder
