@@ -24,6 +24,24 @@ def _empty_hub_cache(tmp_path, monkeypatch):
     return hub
 
 
+REGION_DIM = 12  # a region vector of the tests' precomputed features
+
+
+def _build(name: str, **options):
+    """Any registered image encoder; the regions encoder also needs its input size."""
+    if name == "regions":
+        options.setdefault("in_dim", REGION_DIM)
+    return IMAGE_ENCODERS.get(name)(**options)
+
+
+def _example(name: str) -> torch.Tensor:
+    """An input batch of the kind the encoder reads: pixels, or (B, R, D) region features."""
+    return torch.randn(2, 5, REGION_DIM) if name == "regions" else _images()
+
+
+CNNS = [n for n in IMAGE_ENCODERS.names() if n != "regions"]
+
+
 def _images(batch: int = 2, size: int = 32) -> torch.Tensor:
     return torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(0))
 
@@ -42,8 +60,8 @@ def test_registry_lists_expected_encoders():
 @pytest.mark.parametrize("name", IMAGE_ENCODERS.names())
 def test_image_encoder_forward_backward(name):
     torch.manual_seed(0)
-    enc = IMAGE_ENCODERS.get(name)(pretrained=False)
-    out = enc(_images())
+    enc = _build(name, pretrained=False)
+    out = enc(_example(name))
     assert out.shape == (2, enc.output_dim)
     if name in EXPECTED_DIMS:
         assert enc.output_dim == EXPECTED_DIMS[name]
@@ -57,7 +75,7 @@ def test_image_encoder_forward_backward(name):
 @pytest.mark.parametrize("name", IMAGE_ENCODERS.names())
 def test_pretrained_without_local_file_names_the_fix(name, _empty_hub_cache):
     with pytest.raises(ConfigError) as info:
-        IMAGE_ENCODERS.get(name)(pretrained=True)
+        _build(name, pretrained=True)
     msg = str(info.value)
     assert "\n" not in msg
     assert "image.weights_path=" in msg and "image.pretrained=false" in msg
@@ -68,10 +86,10 @@ def test_pretrained_without_local_file_names_the_fix(name, _empty_hub_cache):
 @pytest.mark.parametrize("name", IMAGE_ENCODERS.names())
 def test_missing_weights_path_raises(name, tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
-        IMAGE_ENCODERS.get(name)(pretrained=True, weights_path=str(tmp_path / "nope.pth"))
+        _build(name, pretrained=True, weights_path=str(tmp_path / "nope.pth"))
 
 
-@pytest.mark.parametrize("name", IMAGE_ENCODERS.names())
+@pytest.mark.parametrize("name", CNNS)
 def test_frozen_backbone_keeps_batchnorm_in_eval(name):
     enc = IMAGE_ENCODERS.get(name)(pretrained=False)
     enc.set_backbone_trainable(False)
