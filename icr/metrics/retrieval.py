@@ -1,0 +1,605 @@
+"""Image-caption retrieval metrics from a similarity matrix: pure, vectorised, chunked over queries.
+
+Protocol (REFERENCE_NOTES.md, sections 1, 2 and 5; LTD paper, section 4.3 "Evaluation metrics"):
+
+- i2t: an image query; its positives are its captions (``caption_image`` is the ground truth, never
+  the diagonal). The rank of the query is the best rank among its positives.
+- t2i: a caption query; its one positive is its image.
+- Recall@k (percent): share of queries whose rank is at most k; ``rsum`` is the sum of the recalls.
+- medr / meanr: median / mean rank, ranks from 1. The median follows VSE++ (``floor(median) + 1`` of
+  0-based ranks, i.e. ``floor(median)`` of 1-based ranks, which differs from the plain median only
+  when the number of queries is even and the two middle ranks differ by an odd number).
+- R-precision (percent): with R positives, the share of the top R candidates that are positives
+  (Chun et al. 2021, as used in Table 1 of the LTD paper). i2t uses R = the image's captions (5).
+  Plain t2i R-precision is not reported: with R = 1 it is R@1 again (the LTD table leaves it "-").
+- mAP@5 (percent), i2t: AP@5 = sum_{k<=5} P@k * rel_k / min(5, #positives)
+  (section 5 of the metric-learning-losses paper).
+- nDCG@25 (percent), t2i, graded relevance (TERN protocol, Messina et al. 2021): gains 2^rel - 1,
+  discount log2(rank + 1), ideal DCG from the 25 largest relevances of the query's row, 0 when the
+  ideal is 0.
+- CxC (Parekh et al. 2021): positives extended with the CxC annotations; a hit if any positive is in
+  the top k; R-precision with R = the number of positives.
+
+Every value except the ranks is in percent (0-100), also R-precision, mAP@5 and nDCG, which the
+papers print as fractions: divide by 100 to compare with their tables.
+
+Ties. Ranks follow one total order of the candidates: by score, descending; at equal scores
+negatives come before positives (the pessimistic rank: 1 + the number of negatives scoring at least
+as high), and positives among themselves by candidate index (which no metric depends on). Pessimistic
+rather than optimistic (VSE++ counts strictly higher scores or leaves ties to argsort) so that a
+collapsed encoder, whose similarities are all equal, scores R@k = 0 instead of 100 and cannot win a
+hyperparameter search. nDCG has no positives: its order is by score, descending, then by candidate
+index. Both orders are deterministic, on any device.
+
+Memory: ``sims`` is never copied whole. Queries are processed ``chunk_size`` at a time; the
+largest temporaries are a few ``(chunk_size, N_candidates)`` tensors, and, when nDCG or CxC t2i is
+asked for, two copies of a block of at most ``TRANSPOSE_BLOCK`` entries of ``sims`` (its columns
+transposed into rows). Everything stays on ``sims.device``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import torch
+
+logger = logging.getLogger(__name__)
+
+MAP_DEPTH = 5  # mAP@5, i2t
+NDCG_DEPTH = 25  # nDCG@25, t2i
+TRANSPOSE_BLOCK = 1 << 26  # entries of sims transposed at once for t2i (256 MB in float32)
+
+
+def retrieval_metrics(
+    sims: torch.Tensor,
+    caption_image: torch.Tensor,
+    *,
+    ks: tuple[int, ...] = (1, 5, 10),
+    relevance: torch.Tensor | np.ndarray | None = None,
+    extended_i2t: Sequence[Sequence[int]] | None = None,
+    extended_t2i: Sequence[Sequence[int]] | None = None,
+    chunk_size: int = 1024,
+) -> dict[str, float]:
+    """All retrieval metrics of one evaluation split (see the module docstring for the protocol).
+
+    Args:
+        sims: similarity of every image to every caption, higher is more similar; finite.
+        caption_image: index of each caption's image.
+        ks: the k of Recall@k.
+        relevance: graded relevance of every image to every caption query, for t2i nDCG@25.
+        extended_i2t: per image, extra positive caption indices (CxC); its own captions stay
+            positives.
+        extended_t2i: per caption, extra positive image indices (CxC); its own image stays positive.
+        chunk_size: queries per chunk; bounds memory, does not change the result.
+
+    Returns:
+        ``i2t_R_at_{k}``, ``t2i_R_at_{k}`` for k in ``ks``, ``rsum``, ``i2t_medr``, ``i2t_meanr``,
+        ``t2i_medr``, ``t2i_meanr``, ``i2t_rprec``, ``i2t_mAP_at_5``; with ``relevance``
+        ``t2i_nDCG_at_25``; with ``extended_i2t`` ``cxc_i2t_R_at_{k}`` and ``cxc_i2t_rprec``; with
+        ``extended_t2i`` ``cxc_t2i_R_at_{k}`` and ``cxc_t2i_rprec``.
+
+    Shapes:
+        sims: ``(N_img, N_cap)``; caption_image: ``(N_cap,)`` int; relevance: ``(N_cap, N_img)``;
+        ``len(extended_i2t) == N_img``; ``len(extended_t2i) == N_cap``.
+
+    References:
+        LTD paper (Bleeker & de Rijke), section 4.3 and Table 1; Faghri et al. 2018 (VSE++) for the
+        Recall@k / medr protocol; Messina et al. 2021 (TERN) for nDCG; Parekh et al. 2021 (CxC).
+
+    Raises:
+        ValueError: mismatched shapes, an image without captions, an index out of range, or a
+            non-finite similarity (a diverged model must not score R@1 = 100).
+    """
+    _check_inputs(sims, caption_image, ks, relevance, extended_i2t, extended_t2i, chunk_size)
+    n_img, n_cap = sims.shape
+    device = sims.device
+    caption_image = caption_image.to(device=device, dtype=torch.long)  # (N_cap,)
+    own_captions = group_captions(caption_image, n_img)  # (N_img, P)
+    own_image = caption_image[:, None]  # (N_cap, 1)
+
+    cxc_i2t = None if extended_i2t is None else merge_positives(own_captions, extended_i2t)
+    cxc_t2i = None if extended_t2i is None else merge_positives(own_image, extended_t2i)
+    # Without nDCG or CxC, t2i needs no top-k: its ranks are counted on the row chunks, caption j
+    # ranking its image at the number of images scoring at least as high (negatives first on ties).
+    t2i_by_columns = relevance is not None or cxc_t2i is not None
+    own_image_scores = sims[caption_image, torch.arange(n_cap, device=device)]  # (N_cap,)
+    i2t = _scan(
+        _row_chunks(sims, chunk_size), own_captions, None,
+        own_depth=max(MAP_DEPTH, own_captions.shape[1]), cxc_stats=cxc_i2t,
+        candidate_thresholds=None if t2i_by_columns else own_image_scores,
+    )  # fmt: skip
+    if t2i_by_columns:
+        t2i = _scan(
+            _column_chunks(sims, chunk_size), own_image, None,
+            own_depth=0, cxc_stats=cxc_t2i, relevance=relevance,
+        )  # fmt: skip
+    else:
+        t2i = {"best": i2t.pop("candidate_counts").long()}  # (N_cap,)
+
+    metrics = recall_at_k(i2t["best"], ks, prefix="i2t_") | recall_at_k(t2i["best"], ks, "t2i_")
+    metrics["rsum"] = sum(metrics.values())
+    metrics |= rank_summary(i2t["best"], prefix="i2t_") | rank_summary(t2i["best"], "t2i_")
+    i2t_counts = (own_captions >= 0).sum(1)  # (N_img,)
+    metrics["i2t_rprec"] = _percent(r_precision(i2t["ranks"], i2t_counts))
+    ap = average_precision_at_k(i2t["ranks"], i2t_counts, MAP_DEPTH)  # (N_img,)
+    metrics[f"i2t_mAP_at_{MAP_DEPTH}"] = _percent(ap)
+    if relevance is not None:
+        metrics[f"t2i_nDCG_at_{NDCG_DEPTH}"] = _percent(t2i["ndcg"])
+    for direction, positives, scan in (("i2t", cxc_i2t, i2t), ("t2i", cxc_t2i, t2i)):
+        if positives is not None:
+            prefix = f"cxc_{direction}_"
+            metrics |= recall_at_k(scan["cxc_best"], ks, prefix=prefix)
+            metrics[f"{prefix}rprec"] = _percent(scan["cxc_rprec"])
+    return metrics
+
+
+def cxc_query_stats(scores: torch.Tensor, positives: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank of the best positive and R-precision (R = number of positives) of each query.
+
+    Made for CxC, where a vague caption can be true of hundreds of images: the candidates are put
+    in the module's order (score descending, negatives before positives on ties) by two stable
+    sorts, and the positives are read off a dense mask, so the cost does not grow with the
+    number of positives.
+
+    Shapes:
+        scores: ``(B, N)``; positives: ``(B, P)`` candidate indices, -1 padded, at least one each;
+        returns best ``(B,)`` int64 ranks from 1 and R-precision ``(B,)`` float64 in [0, 1].
+    """
+    batch, n = scores.shape
+    valid = positives >= 0  # (B, P)
+    index = torch.where(valid, positives, n)  # padding goes to a spare column
+    mask = torch.zeros(batch, n + 1, dtype=torch.bool, device=scores.device)
+    mask = mask.scatter_(1, index, True)[:, :n]  # (B, N)
+    negatives_first = torch.argsort(mask.to(torch.uint8), dim=1, stable=True)  # (B, N)
+    by_score = torch.argsort(scores.gather(1, negatives_first), dim=1, descending=True, stable=True)
+    hits = mask.gather(1, negatives_first.gather(1, by_score))  # (B, N), in ranked order
+    best = hits.to(torch.uint8).argmax(dim=1) + 1  # (B,)
+    num_positives = valid.sum(dim=1)  # (B,)
+    found = hits.cumsum(dim=1, dtype=torch.int32).gather(1, (num_positives - 1)[:, None])  # (B, 1)
+    return best, found.squeeze(1).double() / num_positives
+
+
+def _row_chunks(sims: torch.Tensor, chunk_size: int) -> Iterator[tuple[slice, torch.Tensor]]:
+    """i2t queries: views of ``chunk_size`` rows."""
+    for start in range(0, sims.shape[0], chunk_size):
+        rows = slice(start, start + chunk_size)
+        yield rows, sims[rows]  # (B, N_cap)
+
+
+def _column_chunks(sims: torch.Tensor, chunk_size: int) -> Iterator[tuple[slice, torch.Tensor]]:
+    """t2i queries: ``chunk_size`` columns at a time, as rows of a transposed copy.
+
+    Blocks of columns (at most ``TRANSPOSE_BLOCK`` entries) are copied and then transposed whole:
+    transposing a column slice directly takes a strided path three times slower than
+    transposing a contiguous block.
+    """
+    width = max(chunk_size, TRANSPOSE_BLOCK // max(sims.shape[0], 1))
+    for block_start in range(0, sims.shape[1], width):
+        block = sims[:, block_start : block_start + width].contiguous()  # (N_img, W)
+        block = block.T.contiguous()  # (W, N_img)
+        for start in range(0, block.shape[0], chunk_size):
+            chunk = block[start : start + chunk_size]  # (B, N_img)
+            yield slice(block_start + start, block_start + start + len(chunk)), chunk
+
+
+def _scan(
+    chunks: Iterator[tuple[slice, torch.Tensor]],
+    own: torch.Tensor,
+    cxc: torch.Tensor | None,
+    *,
+    own_depth: int,
+    cxc_depth: int = 0,
+    cxc_stats: torch.Tensor | None = None,
+    relevance: torch.Tensor | np.ndarray | None = None,
+    candidate_thresholds: torch.Tensor | None = None,
+) -> dict[str, torch.Tensor]:
+    """Per-query statistics of one direction, one chunk of queries at a time.
+
+    Each chunk is read by one top-k, shared by the rank of the best own positive, the ranks of all
+    own positives up to ``own_depth``, of all CxC positives up to ``cxc_depth`` and R, and the
+    nDCG ranking; only the queries whose best positive lies deeper are counted in full. With
+    ``candidate_thresholds``, one more pass counts per candidate the queries scoring at least its
+    threshold (the other direction's ranks).
+
+    Returns:
+        ``best`` (Q,); ``ranks`` (Q, P) when ``own_depth`` > 0; ``cxc_ranks`` (Q, P') with
+        ``cxc``; ``ndcg`` (Q,) with ``relevance``; ``candidate_counts`` (N,) int32 with
+        ``candidate_thresholds``.
+    """
+    parts: dict[str, list[torch.Tensor]] = {}
+    counts = None
+    if candidate_thresholds is not None:
+        counts = torch.zeros_like(candidate_thresholds, dtype=torch.int32)  # (N,)
+    depths = [max(own_depth, 1) + own.shape[1], NDCG_DEPTH + 1 if relevance is not None else 0]
+    depths += [max(cxc_depth, cxc.shape[1]) + cxc.shape[1]] if cxc is not None else []
+    for rows, scores in chunks:  # scores: (B, N)
+        top = _checked_topk(scores, min(max(depths), scores.shape[1]))  # (B, K)
+        own_pos = _PositiveScores.gather(scores, own[rows])
+        out = {"best": own_pos.best_rank(scores, top.values)}
+        if own_depth > 0:
+            out["ranks"] = own_pos.ranks(top.values, scores.shape[1])
+        if cxc is not None:
+            cxc_pos = _PositiveScores.gather(scores, cxc[rows])
+            out["cxc_ranks"] = cxc_pos.ranks(top.values, scores.shape[1])
+        if cxc_stats is not None:
+            out["cxc_best"], out["cxc_rprec"] = cxc_query_stats(scores, cxc_stats[rows])
+        if relevance is not None:
+            rel = _as_tensor(relevance[rows], scores.device)  # (B, N)
+            out["ndcg"] = ndcg_of_ranking(stable_topk(scores, NDCG_DEPTH, top=top), rel)
+        if counts is not None:
+            counts += (scores >= candidate_thresholds).sum(dim=0, dtype=torch.int32)  # (N,)
+        for key, value in out.items():
+            parts.setdefault(key, []).append(value)
+    result = {key: torch.cat(values) for key, values in parts.items()}
+    return result if counts is None else result | {"candidate_counts": counts}
+
+
+def _checked_topk(scores: torch.Tensor, k: int) -> torch.return_types.topk:
+    """``scores.topk(k)``; raises on NaN or +inf, which topk sorts first."""
+    top = scores.topk(k, dim=1)  # (B, k)
+    if not torch.isfinite(top.values[:, 0]).all():
+        raise ValueError("similarity matrix holds NaN or +inf: the model has diverged")
+    return top
+
+
+class _PositiveScores:
+    """The positives of a batch of queries and their ties, for ranks in the module's tie order.
+
+    With negatives first among equal scores, the rank of positive p is
+    ``1 + #{candidates scoring >= s_p} - #{positives scoring = s_p} + #{positives q < p scoring =
+    s_p}`` (the last two terms place p among the positives it ties with, by index).
+
+    Shapes:
+        pos_scores: ``(B, P)``; positives: ``(B, P)`` candidate indices, -1 padded, no repeats.
+    """
+
+    def __init__(self, pos_scores: torch.Tensor, positives: torch.Tensor) -> None:
+        self.valid = positives >= 0  # (B, P)
+        self.scores = pos_scores.masked_fill(~self.valid, -math.inf)  # (B, P)
+        tied = (self.scores[:, None, :] == self.scores[:, :, None]) & self.valid[:, None, :]
+        self.num_tied = tied.sum(dim=2)  # (B, P), counts p itself
+        earlier = positives[:, None, :] < positives[:, :, None]  # (B, P, P)
+        self.tied_before = (tied & earlier).sum(dim=2)  # (B, P)
+
+    @classmethod
+    def gather(cls, scores: torch.Tensor, positives: torch.Tensor) -> _PositiveScores:
+        """From the scores of all candidates, ``(B, N)``."""
+        return cls(scores.gather(1, positives.clamp(min=0)), positives)
+
+    def best_rank(self, scores: torch.Tensor, top_values: torch.Tensor) -> torch.Tensor:
+        """Rank of the best positive, from 1, read off the K largest scores where it lies among
+        them and counted over all scores elsewhere.
+
+        Shapes:
+            scores: ``(B, N)``; top_values: ``(B, K)``; returns ``(B,)`` int64.
+        """
+        top_pos, first = self.scores.max(dim=1, keepdim=True)  # (B, 1), lowest index on ties
+        at_least = (top_values >= top_pos).sum(dim=1)  # (B,), exact below K
+        deeper = (at_least == top_values.shape[1]) & (top_values.shape[1] < scores.shape[1])
+        if deeper.any():
+            rows = deeper.nonzero().squeeze(1)
+            at_least[rows] = (scores[rows] >= top_pos[rows]).sum(dim=1)
+        return 1 + at_least - self.num_tied.gather(1, first).squeeze(1)
+
+    def ranks(self, top_values: torch.Tensor, num_candidates: int) -> torch.Tensor:
+        """Rank of every positive from the K largest scores; ``inf`` for padding and where the
+        count reaches K (then the rank exceeds K - P: every larger score is among the K).
+
+        Shapes:
+            top_values: ``(B, K)``; returns ``(B, P)`` float32.
+        """
+        num_top = top_values.shape[1]
+        at_least = (top_values[:, None, :] >= self.scores[:, :, None]).sum(dim=2)  # (B, P)
+        exact = self.valid & ((at_least < num_top) | (num_top == num_candidates))
+        ranks = (1 + at_least - self.num_tied + self.tied_before).float()  # (B, P)
+        return ranks.masked_fill(~exact, math.inf)
+
+
+def ranks_i2t(
+    sims: torch.Tensor, positives: torch.Tensor, *, depth: int = 0, chunk_size: int = 1024
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ranks of image queries among all captions (rows of ``sims``), chunked over images.
+
+    Args:
+        sims: image-caption similarities.
+        positives: per image, its positive caption indices, padded with -1 (:func:`group_captions`).
+        depth: positive ranks are exact up to ``depth``; deeper ones may come back as ``inf``.
+        chunk_size: images per chunk.
+
+    Returns:
+        ``best``: the rank of the best-ranked positive, from 1 (the query's rank);
+        ``ranks``: the rank of every positive, ``inf`` for padding and ranks beyond ``depth``.
+
+    Shapes:
+        sims: ``(N_img, N_cap)``; positives: ``(N_img, P)``; best: ``(N_img,)`` int64;
+        ranks: ``(N_img, P)`` float32.
+    """
+    out = _scan(_row_chunks(sims, chunk_size), positives, positives, own_depth=0, cxc_depth=depth)
+    return out["best"], out["cxc_ranks"]
+
+
+def ranks_t2i(
+    sims: torch.Tensor, positives: torch.Tensor, *, depth: int = 0, chunk_size: int = 1024
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ranks of caption queries among all images (columns of ``sims``), chunked over captions.
+
+    Same as :func:`ranks_i2t` with the roles swapped.
+
+    Shapes:
+        sims: ``(N_img, N_cap)``; positives: ``(N_cap, P)`` image indices, -1 padded;
+        best: ``(N_cap,)`` int64; ranks: ``(N_cap, P)`` float32.
+    """
+    chunks = _column_chunks(sims, chunk_size)
+    out = _scan(chunks, positives, positives, own_depth=0, cxc_depth=depth)
+    return out["best"], out["cxc_ranks"]
+
+
+def query_ranks(
+    scores: torch.Tensor, positives: torch.Tensor, depth: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ranks of the positives of a batch of queries, in the tie order of the module docstring.
+
+    The rank of every positive is needed only up to ``depth``: it is read off the ``depth + P``
+    largest scores (a count below that is exact, since every larger score is among them), so the
+    only full pass over the scores is the one for the best positive.
+
+    Args:
+        scores: similarity of each query to every candidate; finite.
+        positives: positive candidate indices per query, padded with -1, without repeats; at least
+            one per query.
+        depth: ranks of all positives are exact up to ``depth``.
+
+    Returns:
+        ``best`` (rank of the best positive, from 1) and ``ranks`` (``inf`` for padding and, maybe,
+        for ranks beyond ``depth``).
+
+    Shapes:
+        scores: ``(B, N)``; positives: ``(B, P)``; best: ``(B,)`` int64; ranks: ``(B, P)`` float32.
+    """
+    out = _scan(iter([(slice(None), scores)]), positives, positives, own_depth=0, cxc_depth=depth)
+    return out["best"], out["cxc_ranks"]
+
+
+def recall_at_k(best: torch.Tensor, ks: Sequence[int], prefix: str = "") -> dict[str, float]:
+    """Recall@k in percent: share of queries whose best positive ranks at most k.
+
+    Shapes:
+        best: ``(Q,)`` ranks from 1.
+    """
+    return {f"{prefix}R_at_{k}": _percent(best <= k) for k in ks}
+
+
+def rank_summary(best: torch.Tensor, prefix: str = "") -> dict[str, float]:
+    """Median rank (VSE++ convention, ``floor`` of the median of 1-based ranks) and mean rank.
+
+    Shapes:
+        best: ``(Q,)`` ranks from 1.
+    """
+    ranks = best.detach().cpu().double().numpy()
+    return {
+        f"{prefix}medr": float(math.floor(np.median(ranks))),
+        f"{prefix}meanr": float(ranks.mean()),
+    }
+
+
+def r_precision(ranks: torch.Tensor, num_positives: torch.Tensor) -> torch.Tensor:
+    """Per-query R-precision: share of the top R candidates that are positives, R = #positives.
+
+    Args:
+        ranks: rank of each positive from 1, exact at least up to R, ``inf`` for padding.
+        num_positives: R per query.
+
+    Shapes:
+        ranks: ``(Q, P)``; num_positives: ``(Q,)``; returns ``(Q,)`` in [0, 1].
+    """
+    hits = (ranks <= num_positives[:, None]).sum(dim=1)  # (Q,)
+    return hits.double() / num_positives.double()
+
+
+def average_precision_at_k(
+    ranks: torch.Tensor, num_positives: torch.Tensor, k: int
+) -> torch.Tensor:
+    """Per-query AP@k = sum_{j<=k} P@j * rel_j / min(k, #positives).
+
+    Positives have distinct ranks, so the positive of the m-th smallest rank r_m contributes
+    P@r_m = m / r_m when r_m <= k.
+
+    Args:
+        ranks: rank of each positive from 1, exact at least up to k, ``inf`` for padding.
+        num_positives: positives per query (ranks beyond k are ``inf`` too, so they are not
+            counted from ``ranks``).
+        k: the cut-off.
+
+    Shapes:
+        ranks: ``(Q, P)``; num_positives: ``(Q,)``; returns ``(Q,)`` in [0, 1].
+
+    References:
+        Section 5 of the metric-learning-losses paper (mAP@5 for i2t).
+    """
+    sorted_ranks = ranks.sort(dim=1).values.double()  # (Q, P)
+    position = torch.arange(1, ranks.shape[1] + 1, device=ranks.device, dtype=torch.double)  # (P,)
+    precision = torch.where(sorted_ranks <= k, position / sorted_ranks, 0.0)  # (Q, P)
+    return precision.sum(dim=1) / num_positives.clamp(max=k).double()
+
+
+def ndcg_t2i(
+    sims: torch.Tensor,
+    relevance: torch.Tensor | np.ndarray,
+    *,
+    k: int = NDCG_DEPTH,
+    chunk_size: int = 1024,
+) -> torch.Tensor:
+    """Per-caption nDCG@k of t2i retrieval with graded relevance, chunked over captions.
+
+    Args:
+        sims: image-caption similarities.
+        relevance: relevance of every image to every caption query (rows: captions); a numpy array
+            or a tensor on any device (moved to ``sims.device`` a chunk at a time).
+        k: the cut-off (25 in TERN and LTD).
+        chunk_size: captions per chunk.
+
+    Shapes:
+        sims: ``(N_img, N_cap)``; relevance: ``(N_cap, N_img)``; returns ``(N_cap,)`` in [0, 1].
+
+    References:
+        Messina et al. 2021 (TERN), section 4; LTD paper, Table 1 (nDCG ROUGE-L / SPICE).
+    """
+    out = []
+    for cols, scores in _column_chunks(sims, chunk_size):  # (B, N_img)
+        rel = _as_tensor(relevance[cols], sims.device)  # (B, N_img)
+        out.append(ndcg_at_k(scores, rel, k))
+    return torch.cat(out)
+
+
+def ndcg_at_k(scores: torch.Tensor, relevance: torch.Tensor, k: int) -> torch.Tensor:
+    """nDCG@k of each query's ranking by score (descending, then by index: :func:`stable_topk`).
+
+    Shapes:
+        scores: ``(B, N)``; relevance: ``(B, N)``; returns ``(B,)`` float64.
+    """
+    return ndcg_of_ranking(stable_topk(scores, k), relevance)
+
+
+def ndcg_of_ranking(ranking: torch.Tensor, relevance: torch.Tensor) -> torch.Tensor:
+    """nDCG@k of given top-k rankings: their DCG over the DCG of the k largest relevances.
+
+    DCG@k = sum_{r=1..k} (2^rel_r - 1) / log2(r + 1); nDCG = 0 when the ideal DCG is 0.
+
+    Args:
+        ranking: the k candidates ranked first for each query, best first.
+        relevance: graded relevance of every candidate to each query.
+
+    Shapes:
+        ranking: ``(B, k)`` int64; relevance: ``(B, N)``; returns ``(B,)`` float64.
+
+    References:
+        Järvelin & Kekäläinen 2002; TERN protocol (REFERENCE_NOTES.md, section 5).
+    """
+    k = ranking.shape[1]
+    position = torch.arange(2, k + 2, device=ranking.device, dtype=torch.double)  # (k,)
+    discount = 1.0 / torch.log2(position)
+    retrieved = relevance.gather(1, ranking).double()  # (B, k)
+    ideal = relevance.topk(k, dim=1).values.double()  # (B, k)
+    dcg = (torch.exp2(retrieved) - 1) @ discount  # (B,)
+    idcg = (torch.exp2(ideal) - 1) @ discount  # (B,)
+    return torch.where(idcg > 0, dcg / idcg.clamp(min=1e-300), 0.0)
+
+
+def stable_topk(
+    scores: torch.Tensor, k: int, *, top: torch.return_types.topk | None = None
+) -> torch.Tensor:
+    """Indices of the k largest scores per row, ordered by score descending, then by index.
+
+    ``torch.topk`` leaves open the order of ties and which tied candidates make the cut. The top k
+    are re-sorted by (score, index); rows whose k-th and (k+1)-th largest scores are equal (rare
+    with real embeddings) are redone with a full stable sort.
+
+    Args:
+        scores: the scores to rank.
+        k: how many.
+        top: ``scores.topk(m)`` with m > k (or m = N), when the caller has it already.
+
+    Shapes:
+        scores: ``(B, N)``; returns ``(B, min(k, N))`` int64.
+    """
+    k = min(k, scores.shape[1])
+    if top is None:
+        top = scores.topk(min(k + 1, scores.shape[1]), dim=1)
+    values, indices = top.values, top.indices  # (B, m)
+    ambiguous = values[:, k] == values[:, k - 1] if values.shape[1] > k else None  # (B,)
+    indices, perm = indices[:, :k].sort(dim=1)  # (B, k) by index, then stably by score
+    order = values[:, :k].gather(1, perm).sort(dim=1, descending=True, stable=True).indices
+    indices = indices.gather(1, order)
+    if ambiguous is not None and ambiguous.any():
+        rows = ambiguous.nonzero().squeeze(1)
+        indices[rows] = scores[rows].sort(dim=1, descending=True, stable=True).indices[:, :k]
+    return indices
+
+
+def group_captions(caption_image: torch.Tensor, num_images: int) -> torch.Tensor:
+    """Caption indices of each image, in caption order, padded with -1 to the largest group.
+
+    Shapes:
+        caption_image: ``(N_cap,)`` int64; returns ``(N_img, P)`` int64, P = max captions per image.
+    """
+    counts = torch.bincount(caption_image, minlength=num_images)  # (N_img,)
+    if bool((counts == 0).any()):
+        missing = int((counts == 0).nonzero()[0])
+        raise ValueError(f"image {missing} has no caption in caption_image: every image needs one")
+    order = torch.sort(caption_image, stable=True).indices  # (N_cap,) captions grouped by image
+    starts = torch.cumsum(counts, 0) - counts  # (N_img,)
+    slot = torch.arange(len(order), device=order.device) - starts[caption_image[order]]  # (N_cap,)
+    grouped = torch.full((num_images, int(counts.max())), -1, dtype=torch.long, device=order.device)
+    grouped[caption_image[order], slot] = order
+    return grouped
+
+
+def merge_positives(own: torch.Tensor, extended: Sequence[Sequence[int]]) -> torch.Tensor:
+    """Own positives plus extended ones (CxC), deduplicated, padded with -1.
+
+    Shapes:
+        own: ``(Q, P)`` int64, -1 padded; ``len(extended) == Q``; returns ``(Q, P')`` int64.
+    """
+    merged = [
+        sorted({*(i for i in row if i >= 0), *map(int, extra)})
+        for row, extra in zip(own.tolist(), extended, strict=True)
+    ]
+    width = max(len(m) for m in merged)
+    padded = [m + [-1] * (width - len(m)) for m in merged]
+    return torch.tensor(padded, dtype=torch.long, device=own.device)
+
+
+def _as_tensor(x: torch.Tensor | np.ndarray, device: torch.device) -> torch.Tensor:
+    """A float32 tensor on ``device`` from a tensor or an array slice."""
+    x = torch.from_numpy(np.ascontiguousarray(x)) if isinstance(x, np.ndarray) else x
+    return x.to(device=device, dtype=torch.float32)
+
+
+def _percent(x: torch.Tensor) -> float:
+    """Mean of a per-query tensor (bool or fraction) in percent."""
+    return 100.0 * float(x.double().mean())
+
+
+def _check_inputs(
+    sims: torch.Tensor,
+    caption_image: torch.Tensor,
+    ks: Sequence[int],
+    relevance: torch.Tensor | np.ndarray | None,
+    extended_i2t: Sequence[Sequence[int]] | None,
+    extended_t2i: Sequence[Sequence[int]] | None,
+    chunk_size: int,
+) -> None:
+    """Raise a one-line ValueError naming the argument that does not fit."""
+    if sims.ndim != 2:
+        raise ValueError(f"sims must be (N_img, N_cap), got shape {tuple(sims.shape)}")
+    n_img, n_cap = sims.shape
+    if tuple(caption_image.shape) != (n_cap,):
+        got = tuple(caption_image.shape)
+        raise ValueError(f"caption_image must have shape ({n_cap},) like sims' columns, got {got}")
+    if caption_image.is_floating_point() or n_cap == 0:
+        raise ValueError("caption_image must be a non-empty integer tensor of image indices")
+    if int(caption_image.min()) < 0 or int(caption_image.max()) >= n_img:
+        raise ValueError(f"caption_image values must lie in [0, {n_img})")
+    if not ks or min(ks) < 1 or chunk_size < 1:
+        raise ValueError(
+            f"ks must be >= 1 and chunk_size >= 1, got ks={ks}, chunk_size={chunk_size}"
+        )
+    if relevance is not None and tuple(relevance.shape) != (n_cap, n_img):
+        got = tuple(relevance.shape)
+        raise ValueError(
+            f"relevance must have shape (N_cap, N_img) = ({n_cap}, {n_img}), got {got}"
+        )
+    extended = (
+        ("extended_i2t", extended_i2t, n_img, n_cap),
+        ("extended_t2i", extended_t2i, n_cap, n_img),
+    )
+    for name, ext, n_query, n_cand in extended:
+        if ext is None:
+            continue
+        if len(ext) != n_query:
+            raise ValueError(f"{name} needs one list per query ({n_query}), got {len(ext)}")
+        if any(not 0 <= int(i) < n_cand for row in ext for i in row):
+            raise ValueError(f"{name} holds an index outside [0, {n_cand})")

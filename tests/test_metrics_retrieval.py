@@ -1,0 +1,346 @@
+"""Retrieval metrics: the vectorised, chunked code against a plain per-query loop, and hand cases."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from icr.metrics import (
+    group_captions,
+    ndcg_at_k,
+    query_ranks,
+    retrieval,
+    retrieval_metrics,
+    stable_topk,
+)
+
+KS = (1, 5, 10)
+
+
+# ---------------------------------------------------------------- the oracle: one query at a time
+
+
+def _ranking(scores: list[float]) -> list[int]:
+    """Candidate indices, best first (tie-free scores)."""
+    return sorted(range(len(scores)), key=lambda j: -scores[j])
+
+
+def _query_stats(order: list[int], positives: set[int]) -> dict[str, float]:
+    """Best rank, R-precision and AP@5 of one query, by walking down its ranking."""
+    best, hits, ap, in_top_r = None, 0, 0.0, 0
+    for rank, cand in enumerate(order, start=1):
+        if cand not in positives:
+            continue
+        best = rank if best is None else best
+        hits += 1
+        ap += hits / rank if rank <= 5 else 0.0
+        in_top_r += rank <= len(positives)
+    return {"best": best, "rprec": in_top_r / len(positives), "ap5": ap / min(5, len(positives))}
+
+
+def _ndcg(order: list[int], rel: list[float], k: int = 25) -> float:
+    dcg = sum((2 ** rel[c] - 1) / math.log2(r + 1) for r, c in enumerate(order[:k], start=1))
+    ideal = sorted(rel, reverse=True)[:k]
+    idcg = sum((2**g - 1) / math.log2(r + 1) for r, g in enumerate(ideal, start=1))
+    return dcg / idcg if idcg > 0 else 0.0
+
+
+def _summary(prefix: str, best: list[int], ks: tuple[int, ...]) -> dict[str, float]:
+    out = {f"{prefix}R_at_{k}": 100.0 * sum(b <= k for b in best) / len(best) for k in ks}
+    return out
+
+
+def oracle(sims, caption_image, ks=KS, relevance=None, ext_i2t=None, ext_t2i=None):
+    """The whole protocol with plain Python loops over queries."""
+    s = sims.tolist()
+    cap_img = caption_image.tolist()
+    n_img, n_cap = len(s), len(cap_img)
+    own = [{j for j in range(n_cap) if cap_img[j] == i} for i in range(n_img)]
+    i2t = [_query_stats(_ranking(s[i]), own[i]) for i in range(n_img)]
+    columns = [[s[i][j] for i in range(n_img)] for j in range(n_cap)]
+    t2i = [_query_stats(_ranking(columns[j]), {cap_img[j]}) for j in range(n_cap)]
+    out = {}
+    for prefix, stats in (("i2t_", i2t), ("t2i_", t2i)):
+        best = [q["best"] for q in stats]
+        out.update(_summary(prefix, best, ks))
+        out[f"{prefix}medr"] = float(math.floor(np.median(best)))
+        out[f"{prefix}meanr"] = float(np.mean(best))
+    out["rsum"] = sum(out[f"{d}_R_at_{k}"] for d in ("i2t", "t2i") for k in ks)
+    out["i2t_rprec"] = 100.0 * np.mean([q["rprec"] for q in i2t])
+    out["i2t_mAP_at_5"] = 100.0 * np.mean([q["ap5"] for q in i2t])
+    if relevance is not None:
+        rel = relevance.tolist()
+        scores = [_ndcg(_ranking(columns[j]), rel[j]) for j in range(n_cap)]
+        out["t2i_nDCG_at_25"] = 100.0 * np.mean(scores)
+    if ext_i2t is not None:
+        stats = [_query_stats(_ranking(s[i]), own[i] | set(ext_i2t[i])) for i in range(n_img)]
+        out.update(_summary("cxc_i2t_", [q["best"] for q in stats], ks))
+        out["cxc_i2t_rprec"] = 100.0 * np.mean([q["rprec"] for q in stats])
+    if ext_t2i is not None:
+        stats = [
+            _query_stats(_ranking(columns[j]), {cap_img[j], *ext_t2i[j]}) for j in range(n_cap)
+        ]
+        out.update(_summary("cxc_t2i_", [q["best"] for q in stats], ks))
+        out["cxc_t2i_rprec"] = 100.0 * np.mean([q["rprec"] for q in stats])
+    return out
+
+
+# ---------------------------------------------------------------- fixtures
+
+
+def _random_split(counts: list[int], seed: int, signal: float = 1.5):
+    """Tie-free sims (distinct integers) with some signal, and a shuffled caption -> image map.
+
+    ``counts[i]`` captions belong to image i.
+    """
+    g = torch.Generator().manual_seed(seed)
+    n_img = len(counts)
+    caption_image = torch.arange(n_img).repeat_interleave(torch.tensor(counts))
+    caption_image = caption_image[torch.randperm(len(caption_image), generator=g)]  # (N_cap,)
+    match = (caption_image[None, :] == torch.arange(n_img)[:, None]).double()  # (N_img, N_cap)
+    raw = torch.randn(match.shape, generator=g, dtype=torch.float64) + signal * match
+    sims = raw.flatten().argsort().argsort().reshape(match.shape).float()  # distinct, exact
+    return sims, caption_image, g
+
+
+@pytest.fixture(scope="module")
+def split():
+    sims, caption_image, g = _random_split([5] * 40, seed=0)
+    n_img, n_cap = sims.shape
+    rel = torch.rand(n_cap, n_img, generator=g) * (torch.rand(n_cap, n_img, generator=g) < 0.2)
+    rel[torch.arange(n_cap), caption_image] = 1.0
+    rel[:3] = 0.0  # queries whose ideal DCG is 0
+    ext_i2t = [
+        torch.randint(n_cap, (int(torch.randint(4, (1,), generator=g)),), generator=g).tolist()
+        for _ in range(n_img)
+    ]
+    ext_t2i = [
+        torch.randint(n_img, (int(torch.randint(3, (1,), generator=g)),), generator=g).tolist()
+        for _ in range(n_cap)
+    ]
+    return sims, caption_image, rel.numpy(), ext_i2t, ext_t2i
+
+
+# ---------------------------------------------------------------- oracle comparisons
+
+
+def test_matches_loop_oracle_on_every_key(split):
+    sims, caption_image, rel, ext_i2t, ext_t2i = split
+    got = retrieval_metrics(
+        sims, caption_image, relevance=rel, extended_i2t=ext_i2t, extended_t2i=ext_t2i, chunk_size=7
+    )
+    want = oracle(sims, caption_image, relevance=rel, ext_i2t=ext_i2t, ext_t2i=ext_t2i)
+    assert set(got) == set(want)
+    for key in want:
+        assert got[key] == pytest.approx(want[key], rel=1e-9, abs=1e-9), key
+    assert 0 < got["i2t_R_at_1"] < 100 and 0 < got["t2i_R_at_1"] < 100  # the oracle test bites
+
+
+def test_uneven_captions_per_image_match_oracle():
+    sims, caption_image, _ = _random_split([8, 1, 2, 3, 6, 5, 4, 7], seed=1)
+    got = retrieval_metrics(sims, caption_image, chunk_size=3)
+    want = oracle(sims, caption_image)
+    for key in want:
+        assert got[key] == pytest.approx(want[key], rel=1e-9), key
+
+
+@pytest.mark.parametrize("chunk_size", [1, 3, 64, 10_000])
+def test_chunk_size_does_not_change_the_result(split, chunk_size):
+    sims, caption_image, rel, ext_i2t, ext_t2i = split
+    kwargs = dict(relevance=rel, extended_i2t=ext_i2t, extended_t2i=ext_t2i)
+    reference = retrieval_metrics(sims, caption_image, chunk_size=1024, **kwargs)
+    assert retrieval_metrics(sims, caption_image, chunk_size=chunk_size, **kwargs) == reference
+
+
+def test_transposing_in_small_blocks_does_not_change_the_result(split, monkeypatch):
+    sims, caption_image, rel, ext_i2t, ext_t2i = split
+    kwargs = dict(relevance=rel, extended_i2t=ext_i2t, extended_t2i=ext_t2i, chunk_size=16)
+    reference = retrieval_metrics(sims, caption_image, **kwargs)
+    # blocks of 23 captions, cut into chunks of 16 and 7
+    monkeypatch.setattr(retrieval, "TRANSPOSE_BLOCK", 40 * 23)
+    assert retrieval_metrics(sims, caption_image, **kwargs) == reference
+
+
+def test_relevance_as_tensor_equals_array(split):
+    sims, caption_image, rel, _, _ = split
+    a = retrieval_metrics(sims, caption_image, relevance=rel)
+    b = retrieval_metrics(sims, caption_image, relevance=torch.from_numpy(rel).double())
+    assert a["t2i_nDCG_at_25"] == pytest.approx(b["t2i_nDCG_at_25"], rel=1e-6)
+
+
+# ---------------------------------------------------------------- hand-computed cases
+
+
+def test_hand_case_two_images_four_captions():
+    # captions 0 and 3 belong to image 1, captions 1 and 2 to image 0
+    caption_image = torch.tensor([1, 0, 0, 1])
+    sims = torch.tensor([[0.9, 0.8, 0.1, 0.2], [0.3, 0.7, 0.6, 0.5]])
+    # image 0: order c0 c1 c3 c2 -> positives at 2, 4; image 1: order c1 c2 c3 c0 -> 3, 4
+    # captions: c0 -> image 1 second, c1 -> image 0 first, c2 -> image 0 second, c3 -> first
+    m = retrieval_metrics(sims, caption_image, ks=(1, 2, 3))
+    assert (m["i2t_R_at_1"], m["i2t_R_at_2"], m["i2t_R_at_3"]) == (0.0, 50.0, 100.0)
+    assert (m["t2i_R_at_1"], m["t2i_R_at_2"], m["t2i_R_at_3"]) == (50.0, 100.0, 100.0)
+    assert m["rsum"] == 400.0
+    assert (m["i2t_medr"], m["i2t_meanr"]) == (2.0, 2.5)  # floor(median(2, 3))
+    assert (m["t2i_medr"], m["t2i_meanr"]) == (1.0, 1.5)
+    assert m["i2t_rprec"] == pytest.approx(100 * (1 / 2 + 0 / 2) / 2)
+    ap0 = (1 / 2 + 2 / 4) / 2  # P@2 and P@4 over min(5, 2) positives
+    ap1 = (1 / 3 + 2 / 4) / 2
+    assert m["i2t_mAP_at_5"] == pytest.approx(100 * (ap0 + ap1) / 2)
+    assert "t2i_rprec" not in m  # it would be R@1 again
+
+
+def test_one_hot_perfect_encoder():
+    g = torch.Generator().manual_seed(3)
+    caption_image = torch.arange(4).repeat_interleave(5)[torch.randperm(20, generator=g)]
+    images = torch.eye(4)  # (N_img, D)
+    captions = torch.eye(4)[caption_image]  # (N_cap, D)
+    m = retrieval_metrics(images @ captions.T, caption_image)
+    assert m["rsum"] == 600.0
+    assert all(m[f"{d}_R_at_{k}"] == 100.0 for d in ("i2t", "t2i") for k in KS)
+    # the 5 positives tie at 1.0 with each other but beat every negative
+    assert m["i2t_rprec"] == 100.0 and m["i2t_mAP_at_5"] == 100.0
+    assert m["i2t_medr"] == m["t2i_medr"] == m["i2t_meanr"] == m["t2i_meanr"] == 1.0
+
+
+def test_ties_rank_positives_after_negatives():
+    # a collapsed encoder: every similarity equal
+    caption_image = torch.tensor([0, 0, 1, 1, 2, 2])
+    m = retrieval_metrics(torch.ones(3, 6), caption_image, ks=(1, 4, 5))
+    assert (m["i2t_R_at_1"], m["i2t_R_at_4"], m["i2t_R_at_5"]) == (0.0, 0.0, 100.0)
+    assert m["t2i_R_at_1"] == 0.0 and m["t2i_meanr"] == 3.0
+    assert m["i2t_rprec"] == 0.0 and m["i2t_mAP_at_5"] == pytest.approx(100 * (1 / 5) / 2)
+
+
+def test_query_ranks_tie_order():
+    scores = torch.tensor([[0.5, 0.9, 0.5, 0.5, 0.1]])
+    positives = torch.tensor([[3, 0, -1]])  # positive 0 and 3 tie with negative 2 at 0.5
+    best, ranks = query_ranks(scores, positives, depth=5)
+    # order: 1 (0.9), 2 (neg, 0.5), 0 (pos, lower index), 3 (pos), 4
+    assert best.tolist() == [3]
+    assert ranks.tolist() == [[4.0, 3.0, math.inf]]
+
+
+def test_query_ranks_beyond_depth_are_inf():
+    scores = torch.tensor([[0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2]])
+    best, ranks = query_ranks(scores, torch.tensor([[7, 1]]), depth=1)
+    assert best.tolist() == [2]
+    assert ranks.tolist() == [[math.inf, 2.0]]
+
+
+def test_ndcg_hand_case():
+    scores = torch.tensor([[0.1, 0.9, 0.5, 0.3]])  # ranking: 1, 2, 3, 0
+    rel = torch.tensor([[1.0, 0.0, 0.5, 0.25]])
+    g = [2**1.0 - 1, 2**0.5 - 1, 2**0.25 - 1]  # gains by relevance, largest first
+    dcg = 0 / math.log2(2) + g[1] / math.log2(3) + g[2] / math.log2(4) + g[0] / math.log2(5)
+    idcg = g[0] / math.log2(2) + g[1] / math.log2(3) + g[2] / math.log2(4)
+    assert ndcg_at_k(scores, rel, k=25).item() == pytest.approx(dcg / idcg)
+    # cut-off 2: only the first two retrieved count, against the two best gains
+    assert ndcg_at_k(scores, rel, k=2).item() == pytest.approx(
+        (g[1] / math.log2(3)) / (g[0] + g[1] / math.log2(3))
+    )
+    assert ndcg_at_k(scores, torch.zeros(1, 4), k=25).item() == 0.0
+
+
+def test_stable_topk_breaks_ties_by_index():
+    scores = torch.tensor([[1.0, 2.0, 2.0, 0.0, 2.0], [3.0, 1.0, 2.0, 0.0, 5.0]])
+    assert stable_topk(scores, 2).tolist() == [[1, 2], [4, 0]]
+
+
+def test_extended_positives_hand_case():
+    caption_image = torch.tensor([1, 0, 0, 1])
+    sims = torch.tensor([[0.9, 0.8, 0.1, 0.2], [0.3, 0.7, 0.6, 0.5]])
+    # image 0 gains caption 0 (its top) -> hit at 1, positives {0, 1, 2} with R = 3: top 3 = c0 c1 c3
+    # caption 1 gains image 1 (already second): R@1 still a hit, R-precision 2/2
+    m = retrieval_metrics(
+        sims, caption_image, ks=(1,), extended_i2t=[[0], []], extended_t2i=[[], [1], [], [1]]
+    )
+    assert m["cxc_i2t_R_at_1"] == 50.0  # image 1 still ranks its best positive third
+    assert m["cxc_i2t_rprec"] == pytest.approx(100 * (2 / 3 + 0 / 2) / 2)
+    assert m["cxc_t2i_R_at_1"] == 50.0  # duplicate own image in extended_t2i[3] is ignored
+    assert m["cxc_t2i_rprec"] == pytest.approx(100 * (0 + 2 / 2 + 0 + 1) / 4)
+
+
+@pytest.mark.parametrize(
+    "sims",
+    [
+        torch.randn(30, 300, generator=torch.Generator().manual_seed(5)),
+        torch.randint(0, 6, (30, 300), generator=torch.Generator().manual_seed(6)).float(),
+        torch.ones(30, 300),
+    ],
+    ids=["tie-free", "many-ties", "constant"],
+)
+@pytest.mark.parametrize("k", [1, 7, 26, 300])
+def test_stable_topk_equals_stable_sort(sims, k):
+    want = sims.sort(dim=1, descending=True, stable=True).indices[:, :k]  # by value, then index
+    assert torch.equal(stable_topk(sims, k), want)
+    assert torch.equal(stable_topk(sims, k, top=sims.topk(min(k + 5, 300), dim=1)), want)
+
+
+def test_t2i_with_ties_matches_loop_with_stable_order():
+    # 4 images with tied scores for every caption: nDCG ranks them by image index on ties
+    sims = torch.tensor(
+        [[1.0, 0.0, 2.0, 0.3], [1.0, 1.0, 2.0, 0.9], [0.5, 1.0, 2.0, 0.9], [1.0, 1.0, 0.0, 0.1]]
+    )
+    rel = torch.tensor(
+        [[0.0, 1.0, 0.5, 0.2], [0.3, 0.0, 1.0, 0.9], [0.1, 0.2, 0.3, 0.4], [0.5, 0.0, 0.7, 0.0]]
+    )
+    got = ndcg_at_k(sims.T.contiguous(), rel, k=2)
+    order = [[0, 1], [1, 2], [0, 1], [1, 2]]  # stable order of each column, top 2
+    ideal = rel.sort(dim=1, descending=True).values[:, :2]
+    disc = torch.tensor([1.0, 1 / math.log2(3)])
+    want = [
+        float(((2 ** rel[j, order[j]] - 1) * disc).sum() / ((2 ** ideal[j] - 1) * disc).sum())
+        for j in range(4)
+    ]
+    assert got.tolist() == pytest.approx(want)
+    caption_image = torch.tensor([0, 1, 2, 3])
+    m = retrieval_metrics(sims, caption_image, relevance=rel, ks=(1,), chunk_size=1)
+    assert m["t2i_nDCG_at_25"] == pytest.approx(
+        100 * float(ndcg_at_k(sims.T.contiguous(), rel, k=25).mean())
+    )
+
+
+def test_group_captions_any_order():
+    grouped = group_captions(torch.tensor([2, 0, 2, 1, 0]), 3)
+    assert grouped.tolist() == [[1, 4], [3, -1], [0, 2]]
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (dict(caption_image=torch.tensor([0, 0, 0, 0])), "no caption"),
+        (dict(caption_image=torch.tensor([0, 1, 2, 1])), r"\[0, 2\)"),
+        (dict(caption_image=torch.tensor([0, 1, 1])), "shape"),
+        (dict(relevance=np.zeros((2, 4))), "relevance"),
+        (dict(extended_t2i=[[0]]), "extended_t2i"),
+        (dict(sims=torch.tensor([[0.1, math.nan, 0.3, 0.4], [0.1, 0.2, 0.3, 0.4]])), "NaN"),
+    ],
+)
+def test_bad_inputs_raise_one_line(change, match):
+    kwargs = dict(sims=torch.rand(2, 4), caption_image=torch.tensor([0, 1, 0, 1])) | change
+    with pytest.raises(ValueError, match=match):
+        retrieval_metrics(kwargs.pop("sims"), kwargs.pop("caption_image"), **kwargs)
+
+
+def test_cxc_query_stats_with_many_positives_and_ties():
+    """Vague captions are true of hundreds of images: exact ranks whatever the positive count."""
+    from icr.metrics.retrieval import cxc_query_stats
+
+    gen = torch.Generator().manual_seed(3)
+    scores = torch.randint(0, 6, (7, 40), generator=gen).float()  # many ties on purpose
+    positives = torch.full((7, 40), -1)
+    for q in range(7):
+        chosen = torch.randperm(40, generator=gen)[: 1 + 5 * q]
+        positives[q, : len(chosen)] = chosen
+    best, rprec = cxc_query_stats(scores, positives)
+    for q in range(7):
+        pos = {int(p) for p in positives[q] if p >= 0}
+        # negatives before positives among equal scores, then by index
+        order = sorted(range(40), key=lambda c: (-scores[q, c].item(), c in pos, c))
+        hits = [c in pos for c in order]
+        assert best[q] == hits.index(True) + 1
+        assert rprec[q] == pytest.approx(sum(hits[: len(pos)]) / len(pos))
