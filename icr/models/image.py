@@ -283,13 +283,17 @@ class RegionEncoder(nn.Module):
 
     def __init__(self, in_dim: int, hidden_dim: int = 512, output_dim: int = 512) -> None:
         super().__init__()
+        # Detector features share a large common component; standardising each input dimension
+        # (BatchNorm over all regions of the batch) conditions the MLP.
+        self.norm = nn.BatchNorm1d(in_dim)
         self.mlp = nn.Sequential(
             nn.Linear(in_dim, hidden_dim), nn.ReLU(inplace=True), nn.Linear(hidden_dim, output_dim)
         )
         self.output_dim = output_dim
 
     def forward(self, regions: Tensor) -> Tensor:
-        per_region = self.mlp(regions)  # (B, R, output_dim)
+        normed = self.norm(regions.flatten(0, 1)).view_as(regions)  # (B, R, in_dim)
+        per_region = self.mlp(normed)  # (B, R, output_dim)
         return per_region.max(dim=1).values  # (B, output_dim)
 
     def set_backbone_trainable(self, flag: bool) -> None:
