@@ -1,0 +1,23 @@
+"""The ltd_bound conditions with the triplet loss (hardest in-batch negative, margin 0.2).
+
+LTD paper Section 5.4 / Table 2: the same experiments with the VSE++ triplet loss as L_con. The
+model puts BatchNorm after the projection heads when ``loss.name=triplet`` (REFERENCE_NOTES
+section 1), so nothing else changes here.
+"""
+
+from __future__ import annotations
+
+from studies.catalog import Study
+from studies.ltd_bound import BASE, CONTRASTIVE, DUAL, LAGRANGIAN, SMOKE
+
+STUDY = Study(
+    name="ltd_triplet",
+    description="the ltd_bound conditions with the triplet loss as L_con",
+    base={**BASE, "loss.name": "triplet"},
+    space_file="ltd_triplet.yaml",
+    conditions=(CONTRASTIVE, DUAL, LAGRANGIAN),
+    budget=4,
+    seeds=3,
+    smoke=SMOKE,
+    debug_condition="lagrangian",
+)

@@ -1,0 +1,150 @@
+"""Search-space files: dotted config keys -> domains or fixed values (declarative, no code).
+
+Format (``search_spaces/<study>.yaml``)::
+
+    space:                      # searched (or fixed) in every condition
+      loss.tau: {loguniform: [0.02, 0.2]}
+      train.batch_size: 128     # a plain value is fixed
+    conditions:                 # searched only in the named condition
+      lagrangian:
+        objective.eta: {uniform: [0.05, 0.3]}
+
+Domains: ``{choice: [a, b, ...]}``, ``{uniform: [low, high]}``, ``{loguniform: [low, high]}``
+(low > 0) and ``{int: [low, high]}`` (both ends included). Every key and value is validated
+against the config vocabulary (:func:`icr.config.key_specs`); an error names the file and the key.
+This module knows nothing of Ray: :mod:`studies.search` turns domains into Tune/Optuna domains.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from icr.config import key_specs, parse_value
+from icr.errors import ConfigError
+
+Scalar = bool | int | float | str
+KINDS = ("choice", "uniform", "loguniform", "int")
+_TOP_LEVEL = ("space", "conditions", "description")
+
+
+@dataclass(frozen=True)
+class Domain:
+    """A searched key: ``kind`` is one of :data:`KINDS`; ``values`` the choices or (low, high)."""
+
+    key: str
+    kind: str
+    values: tuple[Scalar, ...]
+
+    def describe(self) -> str:
+        if self.kind == "choice":
+            return f"choice of {', '.join(map(str, self.values))}"
+        return f"{self.kind} [{self.values[0]}, {self.values[1]}]"
+
+    def midpoint(self) -> Scalar:
+        """A representative value (used by --debug when the key is not set)."""
+        if self.kind == "choice":
+            return self.values[0]
+        low, high = self.values
+        if self.kind == "loguniform":
+            return float((low * high) ** 0.5)
+        if self.kind == "int":
+            return int((low + high) // 2)
+        return float((low + high) / 2)
+
+
+@dataclass(frozen=True)
+class Section:
+    """The fixed values and the domains of one part of a space file."""
+
+    fixed: dict[str, Scalar] = field(default_factory=dict)
+    domains: dict[str, Domain] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    path: Path
+    common: Section
+    per_condition: dict[str, Section]
+
+    def for_condition(self, condition: str) -> Section:
+        """Fixed values and domains of ``condition``: the common part, then its own part."""
+        own = self.per_condition.get(condition, Section())
+        return Section({**self.common.fixed, **own.fixed}, {**self.common.domains, **own.domains})
+
+
+def load_space(path: Path | str, conditions: tuple[str, ...] | None = None) -> SearchSpace:
+    """Parse and validate a space file; ConfigError naming the file and the key otherwise."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"search-space file {path} does not exist")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        line = getattr(getattr(exc, "problem_mark", None), "line", None)
+        where = f" (line {line + 1})" if line is not None else ""
+        raise ConfigError(f"{path}: not valid YAML{where}") from None
+    if not isinstance(raw, dict) or set(raw) - set(_TOP_LEVEL):
+        raise ConfigError(f"{path}: expected a mapping with the keys {', '.join(_TOP_LEVEL)}")
+    common = _section(path, "space", raw.get("space") or {})
+    by_condition = raw.get("conditions") or {}
+    if not isinstance(by_condition, dict):
+        raise ConfigError(f"{path}: 'conditions' must map condition names to keys")
+    per_condition = {}
+    for name, body in by_condition.items():
+        if conditions is not None and name not in conditions:
+            raise ConfigError(
+                f"{path}: unknown condition {name!r}; the study's conditions: {', '.join(conditions)}"
+            )
+        per_condition[str(name)] = _section(path, f"conditions.{name}", body or {})
+    return SearchSpace(path, common, per_condition)
+
+
+def _section(path: Path, where: str, body: Any) -> Section:
+    if not isinstance(body, dict):
+        raise ConfigError(f"{path}: '{where}' must map dotted config keys to values or domains")
+    fixed: dict[str, Scalar] = {}
+    domains: dict[str, Domain] = {}
+    for key, value in body.items():
+        try:
+            if isinstance(value, dict):
+                domains[key] = parse_domain(key, value)
+            elif isinstance(value, list):
+                raise ConfigError(f"{key}: a list is not a domain; write {{choice: {value}}}")
+            else:
+                fixed[key] = parse_value(key, value)
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {where}: {exc}") from None
+    return Section(fixed, domains)
+
+
+def parse_domain(key: str, spec: Mapping[str, Any]) -> Domain:
+    """One ``{kind: args}`` mapping -> a validated Domain (ConfigError names the key)."""
+    specs = key_specs()
+    if key not in specs:
+        parse_value(key, None)  # raises the "unknown config key ... did you mean" error
+    if len(spec) != 1 or next(iter(spec)) not in KINDS:
+        raise ConfigError(f"{key}: a domain is one of {{{': ..., '.join(KINDS)}: ...}}, got {dict(spec)}")
+    kind, args = next(iter(spec.items()))
+    if not isinstance(args, list) or not args:
+        raise ConfigError(f"{key}: {kind} needs a list, e.g. {{{kind}: [low, high]}}")
+    if kind == "choice":
+        return Domain(key, kind, tuple(parse_value(key, v) for v in args))
+    if len(args) != 2:
+        raise ConfigError(f"{key}: {kind} needs exactly [low, high], got {args}")
+    kspec = specs[key]
+    wanted = int if kind == "int" else float
+    if kspec.type is not wanted:
+        raise ConfigError(f"{key}: {kind} does not fit a key that is {kspec.describe()}")
+    low, high = (parse_value(key, v) for v in args)
+    if kind == "int" and not all(isinstance(v, int) and not isinstance(v, bool) for v in args):
+        raise ConfigError(f"{key}: int needs integer bounds, got {args}")
+    if not low < high:
+        raise ConfigError(f"{key}: {kind} needs low < high, got {args}")
+    if kind == "loguniform" and low <= 0:
+        raise ConfigError(f"{key}: loguniform needs low > 0, got {args}")
+    return Domain(key, kind, (low, high))
