@@ -1,0 +1,197 @@
+"""``studies.run NAME``: prepare -> search -> select -> confirm -> report (DESIGN.md, "A study").
+
+Every phase is resumable: ``state.json`` records the phase reached and the winners; Tune
+experiments are continued with ``Tuner.restore``; MLflow runs are found again by their tags.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from icr.config import ExperimentConfig, to_flat
+from icr.errors import ConfigError, UserError
+from icr.workspace import Workspace
+from studies import ray_adapter
+from studies.confirm import confirm
+from studies.plan import StudyPlan
+from studies.report import build_report
+from studies.search import search_condition
+from studies.select import Winner, select_winner, summary
+from studies.session import (
+    Session,
+    find_unfinished,
+    new_run_name,
+    read_state,
+    write_state,
+)
+from studies.tracking import Tracker, git_commit
+
+log = logging.getLogger(__name__)
+# Keys that decide which data a config trains on (a distinct data config is prepared once).
+DATA_PREFIXES = ("data.", "text.", "decoder.target_model")
+
+
+def default_prepare(config: ExperimentConfig, workspace: Workspace) -> str:
+    from icr.data.pipeline import prepare_data
+
+    return prepare_data(config, workspace).fingerprint
+
+
+@dataclass(frozen=True)
+class Backend:
+    """What trains a trial and prepares its data: ``icr`` by default, fakes in fast tests."""
+
+    fit: Callable[..., Any] | None = None  # None = icr.train.fit (imported in the worker)
+    prepare: Callable[[ExperimentConfig, Workspace], str] = default_prepare
+
+
+def signature(plan: StudyPlan) -> dict[str, Any]:
+    """The options a resumed run must share with the run it continues."""
+    o = plan.options
+    return {"overrides": dict(sorted(o.overrides.items())), "smoke": o.smoke,
+            "budget": plan.budget, "seeds": list(plan.seeds)}
+
+
+def choose_run_dir(plan: StudyPlan, resume: bool, fresh: bool, say: Callable[[str], None]) -> Path:
+    """An unfinished run of the study is continued (with or without --resume) unless --fresh."""
+    unfinished = None if fresh else find_unfinished(plan.state_root)
+    if unfinished is not None:
+        state = read_state(unfinished)
+        if state.get("signature") != signature(plan):
+            raise ConfigError(
+                f"the unfinished run {unfinished} was started with other options "
+                f"({state.get('signature')}); repeat them to resume it, or pass --fresh"
+            )
+        say(f"resuming the unfinished run {unfinished.name} (phase {state.get('phase')}); "
+            "--fresh starts a new one")
+        return unfinished
+    if resume:
+        raise ConfigError(f"nothing to resume: study {plan.key} has no unfinished run in {plan.state_root}")
+    return plan.state_root / new_run_name()
+
+
+def prepare_data(plan: StudyPlan, backend: Backend, say: Callable[[str], None]) -> dict[str, str]:
+    """Prepare each distinct data config once on the driver; condition -> data fingerprint."""
+    done: dict[tuple, str] = {}
+    prints = {}
+    for condition in plan.conditions:
+        config = condition.config()
+        key = tuple(sorted((k, v) for k, v in to_flat(config).items() if k.startswith(DATA_PREFIXES)))
+        if key not in done:
+            say(f"preparing data for {condition.name} ...")
+            done[key] = backend.prepare(config, plan.workspace)
+        prints[condition.name] = done[key]
+    return prints
+
+
+def run_study(
+    plan: StudyPlan, backend: Backend = Backend(), *, resume: bool = False, fresh: bool = False,
+    say: Callable[[str], None] = print, verbose: int = 0,
+) -> Path:
+    """Run (or continue) the whole study; returns the report folder."""
+    run_dir = choose_run_dir(plan, resume, fresh, say)
+    fingerprints = prepare_data(plan, backend, say)
+    cluster = ray_adapter.connect(plan.options.address, dashboard=plan.options.dashboard)
+    try:
+        ray_adapter.check_storage(plan.storage_root, cluster.nodes)
+        resources = cluster.trial_resources(plan.options.cpus_per_trial)
+        say(cluster.describe(resources))
+        say(ray_adapter.dashboard_hint(cluster))
+        session = open_session(plan, run_dir, cluster, resources, fingerprints, backend, verbose)
+        say(mlflow_hint(plan))
+        return run_phases(session, say)
+    finally:
+        if cluster.started_here:
+            ray_adapter.disconnect(cluster)
+
+
+def mlflow_hint(plan: StudyPlan) -> str:
+    uri = plan.tracking_uri
+    if uri.startswith("http"):
+        return f"MLflow UI: {uri} (experiment {plan.key})"
+    return f"MLflow UI: `make mlflow-ui`, then http://127.0.0.1:5000 (store {uri}, experiment {plan.key})"
+
+
+def open_session(
+    plan: StudyPlan, run_dir: Path, cluster: ray_adapter.Cluster, resources: dict[str, float],
+    fingerprints: dict[str, str], backend: Backend, verbose: int,
+) -> Session:
+    tracker = Tracker(plan.tracking_uri, plan.key, plan.workspace.root / "mlartifacts")
+    state = read_state(run_dir) if (run_dir / "state.json").is_file() else {}
+    commit = git_commit()
+    tags = {"study": plan.study.name, "study_key": plan.key, "git_commit": commit,
+            "study_run": run_dir.name}
+    parent_id = state.get("parent_run_id")
+    if parent_id is None:
+        parent_tags = {**tags, "icr.role": "study", "description": plan.study.description,
+                       "conditions": ",".join(c.name for c in plan.conditions),
+                       **{f"label.{c.name}": c.label for c in plan.conditions},
+                       **{f"searched.{c.name}": ",".join(c.domains) for c in plan.conditions}}
+        params = {"budget": plan.budget, "seeds": ",".join(map(str, plan.seeds)),
+                  "max_epochs": plan.max_epochs, "smoke": plan.options.smoke,
+                  **{f"set.{k}": v for k, v in plan.options.overrides.items()}}
+        parent_id = tracker.create_run(f"{plan.key}-{run_dir.name}", parent_tags, params)
+        state = {"study": plan.study.name, "key": plan.key, "run": run_dir.name,
+                 "parent_run_id": parent_id, "phase": "search", "signature": signature(plan),
+                 "winners": {}}
+        write_state(run_dir, state)
+    else:
+        tracker.client.update_run(parent_id, status="RUNNING")
+    return Session(plan, run_dir, cluster, resources, tracker, parent_id, tags, fingerprints,
+                   backend.fit, verbose, state)
+
+
+def run_phases(session: Session, say: Callable[[str], None]) -> Path:
+    plan = session.plan
+    if session.state["phase"] == "search":
+        winners = {}
+        for condition in plan.conditions:
+            if not condition.domains:
+                # Nothing to search, nothing to select: the fixed config goes to confirmation.
+                say(f"search {condition.name}: nothing to search, confirmed as configured")
+                winners[condition.name] = Winner(condition.name, "", None, {}).to_json()
+                continue
+            say(f"search {condition.name}: {_describe_space(condition.domains)}")
+            records = search_condition(session, condition.name)
+            say(f"  {summary(records, plan.max_epochs)}")
+            winner = select_winner(records, plan.study.metric, plan.study.mode, plan.max_epochs)
+            if winner is None:
+                say(f"  no trial of {condition.name} ran the full budget: not confirmed")
+                continue
+            say(f"  winner {winner.trial_id}: {plan.study.metric}={winner.score:.2f} {winner.sampled}")
+            winners[condition.name] = winner.to_json()
+        session.save_state(phase="confirm", winners=winners)
+    if session.state["phase"] == "confirm":
+        winners = {k: Winner.from_json(v) for k, v in session.state["winners"].items()}
+        say(f"confirm: {len(winners)} winner(s) x {len(plan.seeds)} seed(s), evaluated on test")
+        records = confirm(session, winners)
+        failed = sum(r.error for r in records)
+        if failed:
+            say(f"  {failed} confirmation run(s) failed (see MLflow)")
+        session.save_state(phase="report")
+    out = build_report(session.tracker, plan.report_dir, session.parent_id)
+    session.tracker.finish(session.parent_id, "FINISHED")
+    session.save_state(phase="done")
+    say(f"report: {out}")
+    return out
+
+
+def _describe_space(domains: dict) -> str:
+    return ", ".join(f"{k} ~ {d.describe()}" for k, d in domains.items())
+
+
+def set_quiet_environment() -> None:
+    """Telemetry off and Ray's own chatter down, for every entry point."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "0")  # save Tune's state at every event
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+__all__ = ["Backend", "run_study", "set_quiet_environment", "UserError"]

@@ -1,0 +1,88 @@
+"""The Ray Tune trainable: the only module where Ray meets ``icr``.
+
+A trial's Tune config is small and flat: ``condition`` (the row of the table it belongs to) and the
+dotted keys that Tune/Optuna sampled (or, for confirmation runs, ``train.seed``). Everything else
+the trial needs travels once, through the object store, as a :class:`TrialJob`: the flat overrides
+of each condition and the workspace. The trainable builds the ``ExperimentConfig``, calls
+``fit`` with a reporter that forwards each epoch to ``ray.tune.report`` with the epoch's
+checkpoint, and resumes from ``ray.tune.get_checkpoint()`` after a failure or a restored study.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray import tune
+
+from icr.config import ExperimentConfig, from_flat, to_flat
+from icr.workspace import Workspace
+
+Scalar = bool | int | float | str
+FitFn = Callable[..., Any]  # the signature of icr.train.fit
+
+
+@dataclass(frozen=True)
+class TrialJob:
+    """What every trial of one Tuner shares: the study, the phase and each condition's overrides."""
+
+    study: str
+    phase: str  # "search" or "confirm"
+    workspace: str
+    conditions: Mapping[str, Mapping[str, Scalar]]  # condition -> flat overrides
+
+    def flat_overrides(self, trial_config: Mapping[str, Any]) -> dict[str, Scalar]:
+        """The condition's overrides, then the trial's own (sampled) dotted keys."""
+        own = {k: v for k, v in trial_config.items() if "." in k}
+        return {**self.conditions[trial_config["condition"]], **own}
+
+    def config(self, trial_config: Mapping[str, Any]) -> ExperimentConfig:
+        return from_flat(self.flat_overrides(trial_config))
+
+    def params(self, trial_config: Mapping[str, Any]) -> dict[str, Scalar]:
+        """Every flat key of the trial's config: what MLflow records as params."""
+        return to_flat(self.config(trial_config))
+
+
+def default_fit() -> FitFn:
+    from icr.train import fit
+
+    return fit
+
+
+def run_trial(trial_config: dict[str, Any], *, job: TrialJob, fit: FitFn | None = None) -> None:
+    """Train one trial; Tune calls this in a worker process."""
+    fit = fit or default_fit()
+    config = job.config(trial_config)
+    _use_assigned_cpus()
+
+    def reporter(metrics: dict[str, float], checkpoint_dir: Path | None) -> None:
+        checkpoint = tune.Checkpoint.from_directory(checkpoint_dir) if checkpoint_dir else None
+        tune.report(dict(metrics), checkpoint=checkpoint)
+
+    # fit's working folder stays out of Tune's trial folder, which Tune syncs to storage while
+    # fit rewrites its checkpoint; Tune copies each reported checkpoint itself.
+    trial_id = tune.get_context().get_trial_id()
+    with tempfile.TemporaryDirectory(prefix=f"icr-trial-{trial_id}-") as run_dir:
+        kwargs = {"workspace": Workspace.resolve(job.workspace), "run_dir": Path(run_dir)}
+        checkpoint = tune.get_checkpoint()
+        if checkpoint is None:
+            fit(config, reporter, None, **kwargs)
+            return
+        with checkpoint.as_directory() as resume_from:
+            fit(config, reporter, Path(resume_from), **kwargs)
+
+
+def _use_assigned_cpus() -> None:
+    """Let torch use the CPUs Ray reserved for the trial (Ray sets OMP_NUM_THREADS to them)."""
+    cpus = ray.get_runtime_context().get_assigned_resources().get("CPU")
+    if cpus and "OMP_NUM_THREADS" not in os.environ:
+        os.environ["OMP_NUM_THREADS"] = str(max(1, int(cpus)))
+    import torch
+
+    torch.set_num_threads(max(1, int(cpus or torch.get_num_threads())))
