@@ -1,0 +1,125 @@
+"""``python -m studies.run NAME``: run a study end to end (or one trial with ``--debug``).
+
+    python -m studies.run --list                      the studies
+    python -m studies.run --keys                      the config keys (for --set and space files)
+    python -m studies.run ltd_bound                   search -> select -> confirm -> report
+    python -m studies.run ltd_bound --smoke           the same on the tiny preset, in ~2 minutes
+    python -m studies.run ltd_bound --debug --set objective.eta=0.1
+    python -m studies.run ltd_bound --address auto    on a running Ray cluster
+
+A mistake in the command line (unknown study, key or value, bad search-space file) prints one
+line, ``error: ...``, and exits with code 2 before anything is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Mapping, Sequence
+
+from icr.config import key_specs, parse_overrides
+from icr.errors import UserError
+from studies.catalog import Study, all_studies, get_study
+from studies.plan import Options, StudyPlan
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m studies.run", description="Run a hyperparameter study (or one trial).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("name", nargs="?", help="study name (see --list)")
+    p.add_argument("--list", action="store_true", help="list the studies and exit")
+    p.add_argument("--keys", action="store_true", help="list the config keys and exit")
+    p.add_argument("--debug", action="store_true", help="one trial in-process, no Ray")
+    p.add_argument("--condition", help="the condition --debug trains (default: the study's)")
+    p.add_argument("--smoke", action="store_true",
+                   help="tiny preset, few short trials (the whole pipeline in ~2 minutes)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the study's unfinished run (also done without it)")
+    p.add_argument("--fresh", action="store_true", help="start a new run even if one is unfinished")
+    p.add_argument("--set", dest="overrides", action="extend", nargs="+", default=[],
+                   metavar="KEY=VALUE", help="config overrides, e.g. --set loss.tau=0.07")
+    p.add_argument("--workspace", help="workspace folder (default ./workspace or ICR_WORKSPACE)")
+    p.add_argument("--address", help="join a Ray cluster: auto or HOST:PORT (default: start one)")
+    p.add_argument("--tracking-uri", help="MLflow tracking URI (default sqlite <workspace>/mlflow.db)")
+    p.add_argument("--storage", help="Tune storage: s3://..., gs://... or a shared path "
+                                     "(default <workspace>/ray; required shared on multi-node)")
+    p.add_argument("--seeds", type=int, help="confirmation seeds per condition (default 3)")
+    p.add_argument("--budget", type=int, help="trials per condition (default: the study's)")
+    p.add_argument("--cpus-per-trial", type=int, help="CPUs reserved per trial")
+    p.add_argument("--no-dashboard", action="store_true", help="start Ray without its dashboard")
+    p.add_argument("--verbose", action="store_true", help="show Ray Tune's status tables")
+    return p
+
+
+def list_studies() -> str:
+    lines = []
+    for study in all_studies().values():
+        conditions = ", ".join(c.name for c in study.conditions)
+        lines.append(f"{study.name:<14} {study.description}")
+        lines.append(f"{'':<14} conditions: {conditions}; space: search_spaces/{study.space_file}")
+    return "\n".join(lines)
+
+
+def list_keys() -> str:
+    return "\n".join(
+        f"{s.key:<28} {str(s.default):<18} {s.describe():<40} {s.help}" for s in key_specs().values()
+    )
+
+
+def main(
+    argv: Sequence[str] | None = None, *, backend: object | None = None,
+    extra_studies: Mapping[str, Study] | None = None,
+) -> int:
+    """The command line; ``backend`` and ``extra_studies`` let tests inject fakes."""
+    from studies.pipeline import set_quiet_environment
+
+    set_quiet_environment()
+    args = build_parser().parse_args(argv)
+    from studies.session import Interrupted
+
+    try:
+        return _run(args, backend, extra_studies)
+    except (Interrupted, KeyboardInterrupt) as exc:
+        print(f"interrupted: {exc or 'run the same command again to continue'}", file=sys.stderr)
+        return 130
+    except UserError as exc:
+        print(f"error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
+              file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace, backend: object | None, extra: Mapping[str, Study] | None) -> int:
+    if args.list:
+        print(list_studies())
+        return 0
+    if args.keys:
+        print(list_keys())
+        return 0
+    if not args.name:
+        raise UserError("give a study name (python -m studies.run --list shows them)")
+    study = get_study(args.name, extra)
+    options = Options(
+        overrides=parse_overrides(args.overrides), smoke=args.smoke, seeds=args.seeds,
+        budget=args.budget, workspace=args.workspace, tracking_uri=args.tracking_uri,
+        address=args.address, storage=args.storage, cpus_per_trial=args.cpus_per_trial,
+        dashboard=not args.no_dashboard,
+    )
+    plan = StudyPlan.build(study, options)  # every user mistake surfaces here, nothing written yet
+    if args.debug:
+        from studies.debug import run_debug
+
+        if args.condition:
+            plan.condition(args.condition)
+        run_debug(plan, args.condition, getattr(backend, "fit", None))
+        return 0
+    from studies.pipeline import Backend, run_study
+
+    run_study(plan, backend or Backend(), resume=args.resume, fresh=args.fresh,
+              verbose=1 if args.verbose else 0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
