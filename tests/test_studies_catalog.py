@@ -1,0 +1,218 @@
+"""The study catalog, search-space files, plans, selection, resources and cluster.yaml (no Ray)."""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from icr.config import from_flat, key_specs, to_flat
+from icr.errors import ConfigError, UserError
+from studies.catalog import SEARCH_SPACES, Condition, Study, all_studies, get_study
+from studies.plan import Options, StudyPlan
+from studies.ray_adapter import Cluster, check_storage
+from studies.search import PrunedAwareOptunaSearch, TrialRecord, tune_domain
+from studies.select import select_winner
+from studies.space import load_space
+
+ROOT = Path(__file__).resolve().parent.parent
+STUDIES = sorted(all_studies())
+
+
+@pytest.mark.parametrize("name", STUDIES)
+@pytest.mark.parametrize("smoke", [False, True])
+def test_every_condition_config_round_trips(name: str, smoke: bool) -> None:
+    plan = StudyPlan.build(get_study(name), Options(smoke=smoke))
+    for condition in plan.conditions:
+        config = condition.config()
+        assert from_flat(to_flat(config)) == config
+        assert config.eval.test is False  # search trials never see the test split
+    assert plan.max_epochs == plan.conditions[0].config().epochs
+    assert plan.debug_config(None).objective.name in ("lagrangian", "dual", "contrastive")
+
+
+@pytest.mark.parametrize("path", sorted(SEARCH_SPACES.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_space_file_parses_to_known_keys(path: Path) -> None:
+    space = load_space(path)
+    specs = key_specs()
+    sections = [space.common, *space.per_condition.values()]
+    for section in sections:
+        assert set(section.fixed) <= set(specs) and set(section.domains) <= set(specs)
+        for domain in section.domains.values():
+            from_flat({domain.key: domain.midpoint()})
+
+
+def test_every_space_file_belongs_to_a_study() -> None:
+    used = {get_study(n).space_path.name for n in STUDIES}
+    assert used == {p.name for p in SEARCH_SPACES.glob("*.yaml")}
+
+
+def test_ltd_bound_searches_eta_over_the_paper_range() -> None:
+    plan = StudyPlan.build(get_study("ltd_bound"), Options())
+    eta = plan.condition("lagrangian").domains["objective.eta"]
+    assert (eta.kind, eta.values) == ("uniform", (0.05, 0.3))
+    assert not plan.condition("contrastive").domains
+    assert plan.condition("dual").flat["objective.beta"] == 1.0
+    itd = StudyPlan.build(get_study("ltd_itd"), Options()).condition("itd_lagrangian")
+    assert itd.domains["objective.eta"].values == (0.5, 6.0)
+    triplet = StudyPlan.build(get_study("ltd_triplet"), Options())
+    assert all(c.config().loss.name == "triplet" for c in triplet.conditions)
+
+
+@pytest.mark.parametrize(
+    ("body", "culprit"),
+    [
+        ("space:\n  loss.tauu: 0.1\n", "loss.tauu"),
+        ("space:\n  loss.tau: abc\n", "loss.tau"),
+        ("space:\n  loss.tau: {gauss: [0, 1]}\n", "loss.tau"),
+        ("space:\n  loss.tau: {uniform: [0.2, 0.1]}\n", "loss.tau"),
+        ("space:\n  loss.tau: {loguniform: [0.0, 0.1]}\n", "loss.tau"),
+        ("space:\n  loss.tau: {int: [1, 3]}\n", "loss.tau"),
+        ("space:\n  train.batch_size: {uniform: [16, 64]}\n", "train.batch_size"),
+        ("space:\n  loss.name: {choice: [infonce, hinge]}\n", "loss.name"),
+        ("space:\n  loss.tau: [0.1, 0.2]\n", "loss.tau"),
+        ("conditions:\n  nope:\n    loss.tau: 0.1\n", "nope"),
+        ("space: [1, 2\n", "YAML"),
+        ("spaces:\n  loss.tau: 0.1\n", "space"),
+    ],
+)
+def test_bad_space_file_names_file_and_key(tmp_path: Path, body: str, culprit: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(body)
+    with pytest.raises(ConfigError) as info:
+        load_space(path, ("contrastive", "lagrangian"))
+    message = str(info.value)
+    assert str(path) in message and culprit in message and "\n" not in message
+
+
+def _study(tmp_path: Path, space: str, **kw) -> Study:
+    (tmp_path / "s.yaml").write_text(space)
+    conditions = kw.pop("conditions", (Condition("lag", "L", {"objective.name": "lagrangian"}),))
+    return Study("t", "test", {"train.warmup_epochs": 1, "train.finetune_epochs": 1},
+                 str(tmp_path / "s.yaml"), conditions, **kw)
+
+
+def test_a_condition_cannot_fix_a_searched_key(tmp_path: Path) -> None:
+    study = _study(tmp_path, "conditions:\n  lag:\n    objective.name: {choice: [dual]}\n")
+    with pytest.raises(ConfigError, match="objective.name is searched"):
+        StudyPlan.build(study, Options())
+
+
+def test_set_pins_a_searched_key_and_overrides_win(tmp_path: Path) -> None:
+    study = _study(tmp_path, "space:\n  loss.tau: {uniform: [0.02, 0.1]}\n  loss.margin: 0.3\n")
+    plan = StudyPlan.build(study, Options(overrides={"loss.tau": "0.07", "loss.margin": "0.4"}))
+    lag = plan.condition("lag")
+    assert lag.domains == {} and lag.flat["loss.tau"] == 0.07 and lag.flat["loss.margin"] == 0.4
+    with pytest.raises(ConfigError, match="loss.tau"):
+        StudyPlan.build(study, Options(overrides={"loss.tau": "-1"}))
+
+
+def test_unknown_study_lists_the_known_ones() -> None:
+    with pytest.raises(ConfigError, match="ltd_bound"):
+        get_study("ltd_boudn")
+
+
+def test_tune_domains() -> None:
+    from ray.tune.search.sample import Categorical, Float, Integer
+
+    space = load_space(SEARCH_SPACES / "ltd_bound.yaml").for_condition("lagrangian")
+    eta = tune_domain(space.domains["objective.eta"])
+    assert isinstance(eta, Float) and (eta.lower, eta.upper) == (0.05, 0.3)
+    from studies.space import Domain
+
+    assert isinstance(tune_domain(Domain("train.batch_size", "int", (16, 64))), Integer)
+    assert tune_domain(Domain("train.batch_size", "int", (16, 64))).upper == 65  # inclusive
+    assert isinstance(tune_domain(Domain("loss.name", "choice", ("infonce", "triplet"))), Categorical)
+
+
+def test_optuna_is_told_pruned_for_asha_stopped_trials(tmp_path: Path) -> None:
+    from optuna.distributions import FloatDistribution
+
+    log = tmp_path / "optuna.csv"
+    searcher = PrunedAwareOptunaSearch(
+        {"objective.eta": FloatDistribution(0.05, 0.3)}, metric="val_rsum", mode="max", seed=0,
+        time_attr="epoch", max_t=4, log_path=str(log),
+    )
+    for trial_id in ("a", "b", "c", "d"):
+        assert 0.05 <= searcher.suggest(trial_id)["objective.eta"] <= 0.3
+    searcher.on_trial_complete("a", {"val_rsum": 100.0, "epoch": 2})  # stopped by ASHA
+    searcher.on_trial_complete("b", {"val_rsum": 250.0, "epoch": 4})  # ran the full budget
+    searcher.on_trial_complete("c", None, error=True)
+    searcher.on_trial_complete("d", {"val_rsum": 90.0, "epoch": 3}, error=True)
+    states = {t.number: t.state.name for t in searcher._ot_study.trials}
+    assert states == {0: "PRUNED", 1: "COMPLETE", 2: "FAIL", 3: "FAIL"}
+    assert searcher._ot_study.trials[1].value == 250.0
+    assert "PRUNED" in log.read_text() and "COMPLETE" in log.read_text()
+
+
+def _record(tid: str, score: float, epochs: int, error: bool = False) -> TrialRecord:
+    return TrialRecord(tid, "lag", {"condition": "lag", "objective.eta": score / 1000},
+                       {"val_rsum": score, "epoch": epochs}, error)
+
+
+def test_selection_ignores_stopped_and_failed_trials() -> None:
+    records = [_record("a", 300, 2), _record("b", 200, 4), _record("c", 250, 4),
+               _record("d", 400, 4, error=True), _record("e", float("nan"), 4)]
+    winner = select_winner(records, "val_rsum", "max", max_epochs=4)
+    assert winner is not None and winner.trial_id == "c" and winner.sampled == {"objective.eta": 0.25}
+    assert select_winner(records, "val_rsum", "min", 4).trial_id == "b"
+    assert select_winner(records[:1], "val_rsum", "max", 4) is None
+
+
+def test_one_gpu_per_trial_when_the_cluster_has_gpus() -> None:
+    gpu = Cluster("a", None, cpus=16, gpus=4, nodes=2, started_here=False)
+    assert gpu.trial_resources() == {"cpu": 4, "gpu": 1} and gpu.concurrency({"cpu": 4, "gpu": 1}) == 4
+    assert "one GPU" in gpu.describe(gpu.trial_resources())
+    cpu = Cluster("a", None, cpus=2, gpus=0, nodes=1, started_here=True)
+    assert cpu.trial_resources() == {"cpu": 1} and cpu.concurrency(cpu.trial_resources()) == 2
+    assert "CPU-only" in cpu.describe(cpu.trial_resources())
+
+
+MOUNTS = "/dev/sda1 / ext4 rw 0 0\nnfs:/export /mnt/shared nfs4 rw 0 0\n"
+
+
+def test_multi_node_storage_must_be_shared() -> None:
+    check_storage("/home/me/workspace/ray", nodes=1, mounts=MOUNTS)
+    check_storage("s3://bucket/ray", nodes=3, mounts=MOUNTS)
+    check_storage("gs://bucket/ray", nodes=3, mounts=MOUNTS)
+    check_storage("/mnt/shared/ray", nodes=3, mounts=MOUNTS)
+    with pytest.raises(UserError, match="local disk .ext4.*s3://"):
+        check_storage("/home/me/workspace/ray", nodes=3, mounts=MOUNTS)
+
+
+def _imports(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+def test_only_the_trainable_module_meets_both_ray_and_icr() -> None:
+    meeting = []
+    for path in sorted((ROOT / "studies").glob("*.py")):
+        names = _imports(path)
+        uses_ray = any(n == "ray" or n.startswith("ray.") for n in names)
+        uses_icr = any(n.startswith("icr") and n != "icr.errors" for n in names)
+        if uses_ray and uses_icr:
+            meeting.append(path.name)
+    assert meeting == ["trainable.py"]
+
+
+def test_cluster_yaml_follows_rays_schema() -> None:
+    import jsonschema
+    import ray.autoscaler
+
+    schema = json.loads((Path(ray.autoscaler.__file__).parent / "ray-schema.json").read_text())
+    config = yaml.safe_load((ROOT / "cluster.yaml").read_text())
+    jsonschema.validate(config, schema)
+    types = config["available_node_types"]
+    assert types[config["head_node_type"]]["resources"].get("GPU", 0) == 0
+    assert any(t["resources"].get("GPU", 0) >= 1 for t in types.values())
+    text = (ROOT / "cluster.yaml").read_text()
+    assert "ICR_STORAGE" in text and "MLFLOW_TRACKING_URI" in text and "make install" in text

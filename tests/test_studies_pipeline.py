@@ -1,0 +1,215 @@
+"""The whole pipeline on Ray with a fast fake ``fit``: ASHA + Optuna, MLflow, failures, resume.
+
+One private Ray instance (127.0.0.1, 2 CPUs) serves the module; a killed driver runs in a
+subprocess that joins it by address.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from mlflow.tracking import MlflowClient
+
+from icr.config import key_specs
+from studies.catalog import Condition, Study
+from studies.fakes import FakeFit, fake_prepare
+from studies.pipeline import Backend
+from studies.run import main
+
+ROOT = Path(__file__).resolve().parent.parent
+SPACE = """
+space:
+  loss.tau: 0.05
+conditions:
+  lagrangian:
+    objective.eta: {uniform: [0.05, 0.3]}
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from studies import ray_adapter
+    from studies.pipeline import set_quiet_environment
+
+    set_quiet_environment()
+    info = ray_adapter.connect(num_cpus=2, dashboard=False)
+    yield info
+    ray_adapter.disconnect(info)
+
+
+def fake_study(tmp_path: Path, budget: int = 6, conditions: tuple[str, ...] = ("contrastive", "lagrangian")) -> Study:
+    (tmp_path / "space.yaml").write_text(SPACE)
+    known = {
+        "contrastive": Condition("contrastive", "BL", {"objective.name": "contrastive"}),
+        "lagrangian": Condition("lagrangian", "BL + LTD, L_lag",
+                                {"objective.name": "lagrangian", "decoder.name": "ltd"}),
+    }
+    return Study(
+        name="fake", description="fake study", space_file=str(tmp_path / "space.yaml"),
+        base={"train.warmup_epochs": 2, "train.finetune_epochs": 2, "eval.test": False},
+        conditions=tuple(known[c] for c in conditions), budget=budget, seeds=3,
+        grace_period=1, reduction_factor=2, max_failures=1,
+    )
+
+
+def child_runs(workspace: Path, experiment: str = "fake") -> pd.DataFrame:
+    client = MlflowClient(f"sqlite:///{workspace / 'mlflow.db'}")
+    exp = client.get_experiment_by_name(experiment)
+    rows = []
+    for run in client.search_runs([exp.experiment_id], max_results=1000):
+        if run.data.tags.get("icr.role") != "trial":
+            continue
+        history = client.get_metric_history(run.info.run_id, "val_rsum")
+        rows.append({"run_id": run.info.run_id, "status": run.info.status, **run.data.tags,
+                     "steps": sorted(m.step for m in history),
+                     "trajectory": len(client.get_metric_history(run.info.run_id, "trajectory/lambda")),
+                     "params": dict(run.data.params)})
+    return pd.DataFrame(rows)
+
+
+def test_fake_study_end_to_end(cluster, tmp_path: Path) -> None:
+    workspace = tmp_path / "ws"
+    fit = FakeFit(epoch_seconds=0.1, fail_on=(("train.seed", 1001),))
+    rc = main(["fake", "--workspace", str(workspace)], backend=Backend(fit, fake_prepare),
+              extra_studies={"fake": fake_study(tmp_path)})
+    assert rc == 0
+    run_dir = next((workspace / "ray" / "fake").iterdir())
+    state = json.loads((run_dir / "state.json").read_text())
+    assert state["phase"] == "done" and set(state["winners"]) == {"contrastive", "lagrangian"}
+
+    # ASHA stopped some trials; Optuna was told PRUNED for exactly those, COMPLETE for the others.
+    optuna_log = pd.read_csv(run_dir / "search-lagrangian.optuna.csv")
+    runs = child_runs(workspace)
+    search = runs[(runs["phase"] == "search") & (runs["condition"] == "lagrangian")]
+    assert len(search) == 6 == len(optuna_log)
+    stopped = set(search[search["stopped_early"] == "true"]["tune_trial_id"])
+    assert stopped, "ASHA stopped no trial"
+    pruned = set(optuna_log[optuna_log["state"] == "PRUNED"]["tune_trial_id"])
+    assert pruned == stopped
+    assert set(optuna_log[optuna_log["state"] == "COMPLETE"]["tune_trial_id"]) == \
+        set(search["tune_trial_id"]) - stopped
+    winner = state["winners"]["lagrangian"]["trial_id"]
+    assert winner not in stopped
+
+    # One child run per trial with params, per-epoch metrics (step = epoch), trajectory and tags.
+    assert runs["tune_trial_id"].is_unique
+    full = runs[runs["budget_complete"] == "true"]
+    assert all(steps == [1, 2, 3, 4] for steps in full["steps"])
+    assert (runs[runs["condition"] == "lagrangian"]["trajectory"] > 0).all()
+    for _, run in runs.iterrows():
+        assert {"study", "condition", "seed", "git_commit", "data_fingerprint", "tune_trial_id"} <= set(run.index)
+        assert run["data_fingerprint"] == "fake-default-0"
+        assert len(run["params"]) == len(key_specs())
+
+    # The confirmation runs: 2 conditions x 3 seeds, eval.test on; seed 1001 failed (FAILED in MLflow)
+    confirm = runs[runs["phase"] == "confirm"]
+    assert len(confirm) == 6 and set(confirm["seed"]) == {"1000", "1001", "1002"}
+    assert all(p["eval.test"] == "True" for p in confirm["params"])
+    failed = confirm[confirm["status"] == "FAILED"]
+    assert set(failed["seed"]) == {"1001"} and all("non-finite loss" in e for e in failed["error"])
+    assert (confirm[confirm["seed"] != "1001"]["status"] == "FINISHED").all()
+    from ray.tune import ExperimentAnalysis
+
+    statuses = {(t.config["condition"], t.config["train.seed"]): t.status
+                for t in ExperimentAnalysis(str(run_dir / "confirm")).trials}
+    assert {k for k, v in statuses.items() if v == "ERROR"} == {("contrastive", 1001), ("lagrangian", 1001)}
+
+    # The report: tables, every trial, figures, logged to the parent run.
+    report = workspace / "reports" / "fake"
+    table = (report / "table.md").read_text()
+    assert "BL + LTD, L_lag (eta=" in table and "+-" in table
+    assert "\\begin{tabular}" in (report / "table.tex").read_text()
+    trials = pd.read_csv(report / "trials.csv")
+    assert len(trials) == len(runs) and "objective.eta" in trials and "val_rsum" in trials
+    for figure in ("lambda_per_eta.png", "lrec_per_eta.png", "val_rsum_per_epoch.png",
+                   "best_val_rsum_vs_eta.png"):
+        assert (report / figure).stat().st_size > 1000
+    client = MlflowClient(f"sqlite:///{workspace / 'mlflow.db'}")
+    artifacts = {a.path for a in client.list_artifacts(state["parent_run_id"], "report")}
+    assert "report/table.md" in artifacts and "report/lambda_per_eta.png" in artifacts
+    assert client.get_run(state["parent_run_id"]).info.status == "FINISHED"
+
+
+DRIVER = """
+import sys
+from pathlib import Path
+from studies.fakes import FakeFit, fake_prepare
+from studies.pipeline import Backend
+from studies.run import main
+sys.path.insert(0, {tests!r})
+from test_studies_pipeline import fake_study
+study = fake_study(Path({tmp!r}), budget=6, conditions=("lagrangian",))
+fit = FakeFit(epoch_seconds=0.6, record_dir={records!r})
+sys.exit(main(sys.argv[1:], backend=Backend(fit, fake_prepare), extra_studies={{"fake": study}}))
+"""
+
+
+def finished_trials(db: Path) -> set[str]:
+    """Tune ids of the FINISHED child runs, read from the store without migrating it.
+
+    (An MlflowClient would run the schema migrations while the driver creates the store.)
+    """
+    if not db.exists():
+        return set()
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
+            rows = con.execute(
+                "SELECT t.value FROM runs r JOIN tags t ON t.run_uuid = r.run_uuid "
+                "WHERE t.key = 'tune_trial_id' AND r.status = 'FINISHED'"
+            ).fetchall()
+    except sqlite3.Error:  # tables not created yet
+        return set()
+    return {r[0] for r in rows}
+
+
+def test_resume_after_the_driver_is_killed(cluster, tmp_path: Path) -> None:
+    workspace, records = tmp_path / "ws", tmp_path / "records"
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER.format(tests=str(ROOT / "tests"), tmp=str(tmp_path), records=str(records)))
+    args = ["fake", "--workspace", str(workspace), "--address", cluster.address, "--seeds", "1"]
+    log = open(tmp_path / "driver.log", "w")  # noqa: SIM115 - closed with the driver
+    driver = subprocess.Popen([sys.executable, str(script), *args], cwd=ROOT, stdout=log,
+                              stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    finished: set[str] = set()
+    deadline = time.monotonic() + 180
+    try:
+        while time.monotonic() < deadline and driver.poll() is None:
+            finished = finished_trials(workspace / "mlflow.db")
+            if len(finished) >= 2:
+                break
+            time.sleep(0.2)
+    finally:
+        driver.kill()
+        driver.wait()
+        log.close()
+    tail = (tmp_path / "driver.log").read_text()[-2000:]
+    assert len(finished) >= 2, f"the driver did not finish two trials in time:\n{tail}"
+    before = child_runs(workspace)
+    assert (before["status"] == "RUNNING").any() or len(before) < 6  # killed mid-study
+
+    rc = main([*args, "--resume"], backend=Backend(FakeFit(epoch_seconds=0.05, record_dir=str(records)),
+                                                   fake_prepare),
+              extra_studies={"fake": fake_study(tmp_path, budget=6, conditions=("lagrangian",))})
+    assert rc == 0
+    after = child_runs(workspace)
+    search = after[after["phase"] == "search"]
+    assert len(search) == 6 and after["tune_trial_id"].is_unique  # no duplicate MLflow run
+    assert set(after["status"]) <= {"FINISHED", "FAILED"}
+    assert all(len(s) == len(set(s)) for s in after["steps"])  # no epoch recorded twice
+    calls = [json.loads(p.read_text()) for p in records.glob("*.json")]
+    for trial_id in finished:  # a trial that had finished before the kill never trained again
+        runs_of_trial = [c for c in calls if trial_id in c["run_dir"]]
+        assert len(runs_of_trial) == 1, trial_id
+    resumed = [c for c in calls if c["resumed_after"] > 0]
+    assert all(c["epochs_run"] <= 4 - c["resumed_after"] for c in resumed)
+    state = json.loads(next((workspace / "ray" / "fake").iterdir()).joinpath("state.json").read_text())
+    assert state["phase"] == "done"
+    assert (workspace / "reports" / "fake" / "table.md").is_file()

@@ -1,0 +1,52 @@
+"""End to end with the real ``fit``: ``studies.run ltd_bound --smoke`` and ``--debug --smoke``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_cli(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "MLFLOW_DISABLE_TELEMETRY": "true"}
+    return subprocess.run([sys.executable, "-m", "studies.run", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_smoke_runs_the_whole_pipeline(tmp_path: Path) -> None:
+    result = run_cli("ltd_bound", "--smoke", "--workspace", str(tmp_path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    assert "Ray dashboard: http://127.0.0.1:" in out and "get-auth-token" in out
+    assert "MLflow UI:" in out and "search lagrangian" in out and "confirm:" in out
+    report = tmp_path / "reports" / "ltd_bound-smoke"
+    table = (report / "table.md").read_text()
+    for label in ("BL, L_con", "BL + LTD, L_dual (beta=1)", "BL + LTD, L_lag (eta="):
+        assert label in table
+    trials = pd.read_csv(report / "trials.csv")
+    confirm = trials[trials["phase"] == "confirm"]
+    assert len(confirm) == 6 and (confirm["status"] == "FINISHED").all()
+    assert confirm["test_rsum"].notna().all() and confirm["test_t2i_nDCG_at_25"].notna().all()
+    for figure in ("lambda_per_eta.png", "lrec_per_eta.png", "val_rsum_per_epoch.png",
+                   "best_val_rsum_vs_eta.png"):
+        assert (report / figure).stat().st_size > 1000
+    run_dir = next((tmp_path / "ray" / "ltd_bound-smoke").iterdir())
+    assert json.loads((run_dir / "state.json").read_text())["phase"] == "done"
+
+
+@pytest.mark.slow
+def test_debug_smoke_trains_one_trial_in_process(tmp_path: Path) -> None:
+    result = run_cli("ltd_bound", "--debug", "--smoke", "--workspace", str(tmp_path),
+                     "--set", "objective.eta=0.1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "epoch 2/2" in result.stdout and "rsum" in result.stdout
+    assert "best validation rsum" in result.stdout and "test" in result.stdout.split("metric")[-1]
+    assert not (tmp_path / "ray").exists()  # no Ray
