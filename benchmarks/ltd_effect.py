@@ -276,26 +276,31 @@ def main(argv: list[str] | None = None) -> None:
     start = time.perf_counter()
     refs = reference_rows(config_for(args, "contrastive", args.seeds[0]), ws, args.min_positives)
     rows: list[Row] = []
-    for condition in args.conditions:
-        for seed in args.seeds:
-            config = config_for(args, condition, seed)
-            run_dir = ws.runs / "ltd_effect" / f"{args.preset}-{condition.replace(':', '')}-s{seed}"
-            row = run_one(config, condition, ws, run_dir, args.min_positives)
-            log.info("%s seed %d: %s | image %s | caption %s", condition, seed,
-                     {k: round(v, 3) for k, v in row.metrics.items()},
-                     {k: round(v, 3) for k, v in row.image_probe.items()},
-                     {k: round(v, 3) for k, v in row.caption_probe.items()})
-            rows.append(row)
-    wall = time.perf_counter() - start
-    header = (f"ltd_effect: preset {args.preset}, features {args.features}, epochs {args.epochs}, "
-              f"seeds {args.seeds}, {os.cpu_count()} CPUs, wall {wall / 60:.1f} min\n\n")
-    report = header + markdown(rows, refs)
+    runs = [(c, s) for s in args.seeds for c in args.conditions]  # every condition per seed first
+    for done, (condition, seed) in enumerate(runs, start=1):
+        config = config_for(args, condition, seed)
+        run_dir = ws.runs / "ltd_effect" / f"{args.preset}-{condition.replace(':', '')}-s{seed}"
+        row = run_one(config, condition, ws, run_dir, args.min_positives)
+        log.info("%s seed %d: %s | image %s | caption %s", condition, seed,
+                 {k: round(v, 3) for k, v in row.metrics.items()},
+                 {k: round(v, 3) for k, v in row.image_probe.items()},
+                 {k: round(v, 3) for k, v in row.caption_probe.items()})
+        rows.append(row)
+        # Written after every run, so an interrupted benchmark still leaves its finished rows.
+        report = _report(args, rows, refs, time.perf_counter() - start, done, len(runs))
+        if args.out is not None:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(report, encoding="utf-8")
+            write_csv(args.out.with_suffix(".csv"), rows + refs)
     print(report)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(report, encoding="utf-8")
-        write_csv(args.out.with_suffix(".csv"), rows + refs)
 
+
+def _report(args: argparse.Namespace, rows: list[Row], refs: list[Row], wall: float, done: int,
+            total: int) -> str:
+    header = (f"ltd_effect: preset {args.preset}, features {args.features}, epochs {args.epochs}, "
+              f"seeds {args.seeds}, {os.cpu_count()} CPUs, {done} of {total} runs, "
+              f"wall {wall / 60:.1f} min\n\n")
+    return header + markdown(rows, refs)
 
 if __name__ == "__main__":
     main()

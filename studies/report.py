@@ -117,20 +117,26 @@ def _best(rows: list[dict[str, Any]], suffix: str) -> float | None:
     return max(means) if means else None
 
 
+def _cells(rows: list[dict[str, Any]], row: dict[str, Any], mean_std: str, bold: str) -> list[str]:
+    """A row's formatted ``mean +- std`` cells, the best mean of each column in bold."""
+    cells = []
+    for suffix, _, _ in COLUMNS:
+        cell = row["cells"][suffix]
+        if cell is None:
+            cells.append("-")
+            continue
+        text = mean_std.format(*cell)
+        cells.append(bold.format(text) if cell[0] == _best(rows, suffix) else text)
+    return cells
+
+
 def markdown_table(rows: list[dict[str, Any]], title: str) -> str:
     head = ["Condition", "n"] + [f"{d} {h}".strip() for _, h, d in COLUMNS]
     lines = [f"# {title}", "", "Test split, mean +- std over the confirmation seeds "
              "(best mean per column in bold).", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
-        cells = []
-        for suffix, _, _ in COLUMNS:
-            cell = row["cells"][suffix]
-            if cell is None:
-                cells.append("-")
-                continue
-            text = f"{cell[0]:.1f} +- {cell[1]:.1f}"
-            cells.append(f"**{text}**" if cell[0] == _best(rows, suffix) else text)
+        cells = _cells(rows, row, "{:.1f} +- {:.1f}", "**{}**")
         lines.append(f"| {row['label']} | {row['n']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -143,14 +149,7 @@ def latex_table(rows: list[dict[str, Any]], title: str) -> str:
         "Condition & " + " & ".join(h for _, h, _ in COLUMNS) + " \\\\", "\\midrule",
     ]
     for row in rows:
-        cells = []
-        for suffix, _, _ in COLUMNS:
-            cell = row["cells"][suffix]
-            if cell is None:
-                cells.append("-")
-                continue
-            text = f"{cell[0]:.1f} $\\pm$ {cell[1]:.1f}"
-            cells.append(f"\\textbf{{{text}}}" if cell[0] == _best(rows, suffix) else text)
+        cells = _cells(rows, row, "{:.1f} $\\pm$ {:.1f}", "\\textbf{{{}}}")
         label = row["label"].replace("_", "\\_")
         lines.append(f"{label} & " + " & ".join(cells) + " \\\\")
     lines += ["\\bottomrule", "\\end{tabular}"]
