@@ -14,6 +14,7 @@ and checkpoints ``objective.state_dict()`` next to the model and optimiser.
 
 from __future__ import annotations
 
+import abc
 import copy
 import logging
 from dataclasses import dataclass
@@ -42,15 +43,16 @@ class ObjectiveOutput:
     logs: dict[str, Tensor]
 
 
-class Objective:
+class Objective(abc.ABC):
     """Base class: combines ``L_con`` and an optional ``L_rec`` into the training loss."""
 
     uses_reconstruction: ClassVar[bool] = False
 
+    @abc.abstractmethod
     def __call__(self, l_con: Tensor, l_rec: Tensor | None = None) -> ObjectiveOutput:
-        raise NotImplementedError
+        """The training loss from ``L_con`` and, when the objective uses one, ``L_rec``."""
 
-    def step(self) -> None:
+    def step(self) -> None:  # noqa: B027 - most objectives have no parameters of their own
         """Update the objective's own parameters after the model's optimiser step."""
 
     def state_dict(self) -> dict[str, Any]:
