@@ -326,21 +326,30 @@ def test_bad_inputs_raise_one_line(change, match):
         retrieval_metrics(kwargs.pop("sims"), kwargs.pop("caption_image"), **kwargs)
 
 
-def test_cxc_query_stats_with_many_positives_and_ties():
-    """Vague captions are true of hundreds of images: exact ranks whatever the positive count."""
+@pytest.mark.parametrize("levels", [2, 6, None])  # heavy ties, some ties, none
+@pytest.mark.parametrize("window", ["own", "caller", "all"])
+def test_cxc_query_stats_with_many_positives_and_ties(levels, window):
+    """Vague captions are true of hundreds of images: exact ranks whatever the positive count,
+    with ties at the best positive and at the R-th score running past the top-k window."""
     from icr.metrics.retrieval import cxc_query_stats
 
     gen = torch.Generator().manual_seed(3)
-    scores = torch.randint(0, 6, (7, 40), generator=gen).float()  # many ties on purpose
-    positives = torch.full((7, 40), -1)
-    for q in range(7):
-        chosen = torch.randperm(40, generator=gen)[: 1 + 5 * q]
+    n = 40
+    if levels is None:
+        scores = torch.rand(9, n, generator=gen)
+    else:
+        scores = torch.randint(0, levels, (9, n), generator=gen).float()
+    positives = torch.full((9, n), -1)
+    for q in range(9):
+        chosen = torch.randperm(n, generator=gen)[: 1 + 4 * q]
         positives[q, : len(chosen)] = chosen
-    best, rprec = cxc_query_stats(scores, positives)
-    for q in range(7):
+    width = int((positives >= 0).sum(1).max()) + 1
+    top = {"own": None, "caller": scores.topk(width, dim=1).values, "all": scores.topk(n).values}
+    best, rprec = cxc_query_stats(scores, positives, top[window])
+    for q in range(9):
         pos = {int(p) for p in positives[q] if p >= 0}
         # negatives before positives among equal scores, then by index
-        order = sorted(range(40), key=lambda c: (-scores[q, c].item(), c in pos, c))
+        order = sorted(range(n), key=lambda c: (-scores[q, c].item(), c in pos, c))
         hits = [c in pos for c in order]
         assert best[q] == hits.index(True) + 1
         assert rprec[q] == pytest.approx(sum(hits[: len(pos)]) / len(pos))

@@ -136,30 +136,67 @@ def retrieval_metrics(
     return metrics
 
 
-def cxc_query_stats(scores: torch.Tensor, positives: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def cxc_query_stats(
+    scores: torch.Tensor, positives: torch.Tensor, top_values: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Rank of the best positive and R-precision (R = number of positives) of each query.
 
-    Made for CxC, where a vague caption can be true of hundreds of images: the candidates are put
-    in the module's order (score descending, negatives before positives on ties) by two stable
-    sorts, and the positives are read off a dense mask, so the cost does not grow with the
-    number of positives.
+    Made for CxC, where a vague caption can be true of hundreds of images, without sorting the
+    candidates or comparing positives pairwise. In the module's order (score descending,
+    negatives before positives on ties):
+
+    - the best positive, of score m, ranks ``1 + #{scores >= m} - #{positives scoring m}``;
+    - with t the R-th largest score, the top R holds every candidate above t and the first
+      ``R - #{scores > t}`` of those scoring t, negatives first, so its positives number
+      ``#{positives above t} + max(0, R - #{scores > t} - #{negatives scoring t})``.
+
+    The counts are read off the largest ``max R + 1`` scores, and counted over all scores only
+    for the queries where that window does not settle them (a best positive deeper than the
+    window, or ties at t running past it).
+
+    Args:
+        scores: similarity of each query to every candidate; finite.
+        positives: candidate indices, -1 padded, no repeats, at least one per query.
+        top_values: ``scores.topk(K).values`` when the caller has it, used if K > max R.
 
     Shapes:
-        scores: ``(B, N)``; positives: ``(B, P)`` candidate indices, -1 padded, at least one each;
-        returns best ``(B,)`` int64 ranks from 1 and R-precision ``(B,)`` float64 in [0, 1].
+        scores: ``(B, N)``; positives: ``(B, P)``; top_values: ``(B, K)``; returns best ``(B,)``
+        int64 ranks from 1 and R-precision ``(B,)`` float64 in [0, 1].
     """
-    batch, n = scores.shape
     valid = positives >= 0  # (B, P)
-    index = torch.where(valid, positives, n)  # padding goes to a spare column
-    mask = torch.zeros(batch, n + 1, dtype=torch.bool, device=scores.device)
-    mask = mask.scatter_(1, index, True)[:, :n]  # (B, N)
-    negatives_first = torch.argsort(mask.to(torch.uint8), dim=1, stable=True)  # (B, N)
-    by_score = torch.argsort(scores.gather(1, negatives_first), dim=1, descending=True, stable=True)
-    hits = mask.gather(1, negatives_first.gather(1, by_score))  # (B, N), in ranked order
-    best = hits.to(torch.uint8).argmax(dim=1) + 1  # (B,)
-    num_positives = valid.sum(dim=1)  # (B,)
-    found = hits.cumsum(dim=1, dtype=torch.int32).gather(1, (num_positives - 1)[:, None])  # (B, 1)
-    return best, found.squeeze(1).double() / num_positives
+    pos_scores = scores.gather(1, positives.clamp(min=0))  # (B, P)
+    num_positives = valid.sum(dim=1)  # (B,) = R
+    window = min(int(num_positives.max()) + 1, scores.shape[1])
+    if top_values is None or top_values.shape[1] < window:
+        top_values = scores.topk(window, dim=1).values  # (B, K)
+
+    best_score = pos_scores.masked_fill(~valid, -math.inf).amax(dim=1, keepdim=True)  # (B, 1)
+    ties_at_best = (valid & (pos_scores == best_score)).sum(dim=1)  # (B,)
+    best = 1 + _count_at_least(scores, top_values, best_score) - ties_at_best  # (B,)
+
+    cut = top_values.gather(1, (num_positives - 1)[:, None])  # (B, 1) t, the R-th largest score
+    above = (top_values > cut).sum(dim=1)  # (B,) every score above t is in the window
+    positives_above = (valid & (pos_scores > cut)).sum(dim=1)  # (B,)
+    positives_at = (valid & (pos_scores == cut)).sum(dim=1)  # (B,)
+    negatives_at = _count_at_least(scores, top_values, cut) - above - positives_at  # (B,)
+    found = positives_above + (num_positives - above - negatives_at).clamp(min=0)  # (B,)
+    return best, found.double() / num_positives
+
+
+def _count_at_least(scores: torch.Tensor, top_values: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
+    """``#{scores >= threshold}`` per query, from the K largest scores where that count is below
+    K (exact: every larger score is among them), over all scores for the other queries.
+
+    Shapes:
+        scores: ``(B, N)``; top_values: ``(B, K)``, descending; threshold: ``(B, 1)``;
+        returns ``(B,)`` int64.
+    """
+    count = (top_values >= threshold).sum(dim=1)  # (B,)
+    if top_values.shape[1] < scores.shape[1]:
+        deeper = (count == top_values.shape[1]).nonzero().squeeze(1)  # (D,)
+        if len(deeper):
+            count[deeper] = (scores[deeper] >= threshold[deeper]).sum(dim=1)
+    return count
 
 
 def _row_chunks(sims: torch.Tensor, chunk_size: int) -> Iterator[tuple[slice, torch.Tensor]]:
@@ -215,6 +252,7 @@ def _scan(
         counts = torch.zeros_like(candidate_thresholds, dtype=torch.int32)  # (N,)
     depths = [max(own_depth, 1) + own.shape[1], NDCG_DEPTH + 1 if relevance is not None else 0]
     depths += [max(cxc_depth, cxc.shape[1]) + cxc.shape[1]] if cxc is not None else []
+    depths += [cxc_stats.shape[1] + 1] if cxc_stats is not None else []  # max R + 1
     for rows, scores in chunks:  # scores: (B, N)
         top = _checked_topk(scores, min(max(depths), scores.shape[1]))  # (B, K)
         own_pos = _PositiveScores.gather(scores, own[rows])
@@ -225,7 +263,7 @@ def _scan(
             cxc_pos = _PositiveScores.gather(scores, cxc[rows])
             out["cxc_ranks"] = cxc_pos.ranks(top.values, scores.shape[1])
         if cxc_stats is not None:
-            out["cxc_best"], out["cxc_rprec"] = cxc_query_stats(scores, cxc_stats[rows])
+            out["cxc_best"], out["cxc_rprec"] = cxc_query_stats(scores, cxc_stats[rows], top.values)
         if relevance is not None:
             rel = _as_tensor(relevance[rows], scores.device)  # (B, N)
             out["ndcg"] = ndcg_of_ranking(stable_topk(scores, NDCG_DEPTH, top=top), rel)
@@ -277,11 +315,7 @@ class _PositiveScores:
             scores: ``(B, N)``; top_values: ``(B, K)``; returns ``(B,)`` int64.
         """
         top_pos, first = self.scores.max(dim=1, keepdim=True)  # (B, 1), lowest index on ties
-        at_least = (top_values >= top_pos).sum(dim=1)  # (B,), exact below K
-        deeper = (at_least == top_values.shape[1]) & (top_values.shape[1] < scores.shape[1])
-        if deeper.any():
-            rows = deeper.nonzero().squeeze(1)
-            at_least[rows] = (scores[rows] >= top_pos[rows]).sum(dim=1)
+        at_least = _count_at_least(scores, top_values, top_pos)  # (B,)
         return 1 + at_least - self.num_tied.gather(1, first).squeeze(1)
 
     def ranks(self, top_values: torch.Tensor, num_candidates: int) -> torch.Tensor:
