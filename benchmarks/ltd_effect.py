@@ -50,7 +50,7 @@ from icr.analysis.probe import FAMILIES, ProbeResult, probe, split_targets
 from icr.config import ExperimentConfig, from_flat
 from icr.data.pipeline import encode_split_captions, prepare_data
 from icr.data.synthetic import load_scenes
-from icr.train import Trainer, fit, resolve_device, restore
+from icr.train import STATE_FILE, Trainer, fit, resolve_device, restore
 from icr.workspace import Workspace
 
 log = logging.getLogger("ltd_effect")
@@ -129,16 +129,26 @@ def embed(trainer: Trainer) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[to
 
 def run_one(config: ExperimentConfig, condition: str, ws: Workspace, run_dir: Path,
             min_positives: int) -> Row:
-    """Train one condition and seed, evaluate it on test, probe its frozen embeddings."""
+    """Train one condition and seed, evaluate it on test, probe its frozen embeddings.
+
+    A run whose ``run_dir`` already holds a checkpoint resumes from it (a finished one trains no
+    further), so an interrupted benchmark, or several invocations with disjoint ``--seeds``
+    sharing a workspace, lose no work and give the same rows as one uninterrupted run.
+    """
     start = time.perf_counter()
-    result = fit(config, workspace=ws, run_dir=run_dir)
+    checkpoint = run_dir / "checkpoint"
+    resume = checkpoint if (checkpoint / STATE_FILE).exists() else None
+    result = fit(config, resume_from=resume, workspace=ws, run_dir=run_dir)
     trainer = restore(config, result.checkpoint_dir, workspace=ws)
     image, caption = probe_pair(*embed(trainer), targets_of(trainer), min_positives)
     last = result.history[-1]
     metrics = {"rsum": result.test["rsum"], "i2t_rprec": result.test["i2t_rprec"],
                "val_rsum": result.best_val["rsum"], "best_epoch": result.best_epoch,
                "L_con": last.get("train_L_con", math.nan), "L_rec": last.get("train_L_rec", math.nan),
-               "lambda": last.get("lambda", math.nan), "seconds": time.perf_counter() - start}
+               "lambda": last.get("lambda", math.nan),
+               # Training time summed over epochs (correct across resumes), then the whole call.
+               "train_seconds": sum(h["epoch_time_s"] for h in result.history),
+               "call_seconds": time.perf_counter() - start}
     return Row(condition, config.train.seed, metrics, image.per_family, caption.per_family)
 
 
