@@ -159,8 +159,8 @@ def test_transposing_in_small_blocks_does_not_change_the_result(split, monkeypat
     sims, caption_image, rel, ext_i2t, ext_t2i = split
     kwargs = dict(relevance=rel, extended_i2t=ext_i2t, extended_t2i=ext_t2i, chunk_size=16)
     reference = retrieval_metrics(sims, caption_image, **kwargs)
-    # blocks of 23 captions, cut into chunks of 16 and 7
-    monkeypatch.setattr(retrieval, "TRANSPOSE_BLOCK", 40 * 23)
+    # chunks of 16 captions transposed 5 at a time: blocks of 5, 5, 5 and 1
+    monkeypatch.setattr(retrieval, "TRANSPOSE_WIDTH", 5)
     assert retrieval_metrics(sims, caption_image, **kwargs) == reference
 
 
@@ -302,6 +302,14 @@ def test_t2i_with_ties_matches_loop_with_stable_order():
     assert m["t2i_nDCG_at_25"] == pytest.approx(
         100 * float(ndcg_at_k(sims.T.contiguous(), rel, k=25).mean())
     )
+
+
+def test_merge_positives_dedupes_sorts_and_pads():
+    from icr.metrics import merge_positives
+
+    own = torch.tensor([[2, 0, -1], [1, -1, -1], [3, -1, -1]])
+    merged = merge_positives(own, [[5, 2, 5], [], [0, 9]])
+    assert merged.tolist() == [[0, 2, 5], [1, -1, -1], [0, 3, 9]]
 
 
 def test_group_captions_any_order():
