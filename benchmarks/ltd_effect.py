@@ -51,7 +51,7 @@ from icr.config import ExperimentConfig, from_flat
 from icr.data.pipeline import encode_split_captions, prepare_data
 from icr.data.synthetic import load_scenes
 from icr.seeding import seed_everything
-from icr.train import STATE_FILE, Trainer, fit, resolve_device, restore
+from icr.train import Trainer, find_checkpoint, fit, resolve_device, restore
 from icr.workspace import Workspace
 from studies.ltd_bound import BASE as LTD_BOUND_RECIPE
 
@@ -128,8 +128,7 @@ def run_one(config: ExperimentConfig, condition: str, ws: Workspace, run_dir: Pa
     sharing a workspace, lose no work and give the same rows as one uninterrupted run.
     """
     start = time.perf_counter()
-    checkpoint = run_dir / "checkpoint"
-    resume = checkpoint if (checkpoint / STATE_FILE).exists() else None
+    resume = find_checkpoint(run_dir / "checkpoint")
     result = fit(config, resume_from=resume, workspace=ws, run_dir=run_dir)
     trainer = restore(config, result.checkpoint_dir, workspace=ws)
     image, caption = probe_pair(*embed(trainer), targets_of(trainer), min_positives)

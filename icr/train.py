@@ -327,16 +327,26 @@ class Trainer:
             self.best_state = {k: v.detach().cpu().clone() for k, v in self.net.state_dict().items()}
 
     def save(self, directory: Path) -> Path:
-        """Write a self-contained checkpoint to ``directory`` (replaced atomically)."""
-        tmp = directory.with_name(directory.name + ".tmp")
+        """Write a self-contained checkpoint to ``directory``, replacing the previous one.
+
+        The new checkpoint is written beside it, the old one moved aside, the new one moved in,
+        and only then the old one deleted: at every instant one complete checkpoint exists, which
+        :func:`find_checkpoint` finds.
+        """
+        tmp, old = (directory.with_name(directory.name + suffix) for suffix in (".tmp", ".old"))
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         torch.save(self.state_dict(), tmp / STATE_FILE)
         if self.best_state is not None:
             torch.save(self.best_state, tmp / BEST_FILE)
         write_trajectory(tmp / TRAJECTORY_FILE, self.trajectory)
-        shutil.rmtree(directory, ignore_errors=True)
+        if (directory / STATE_FILE).exists():
+            shutil.rmtree(old, ignore_errors=True)
+            directory.rename(old)
+        else:
+            shutil.rmtree(directory, ignore_errors=True)
         tmp.rename(directory)
+        shutil.rmtree(old, ignore_errors=True)
         return directory
 
     def state_dict(self) -> dict[str, Any]:
@@ -358,9 +368,10 @@ class Trainer:
 
     def load(self, directory: Path) -> None:
         """Restore a checkpoint written by :meth:`save` (same config required)."""
-        path = Path(directory) / STATE_FILE
-        if not path.exists():
-            raise ConfigError(f"{path}: no checkpoint to resume from")
+        found = find_checkpoint(directory)
+        if found is None:
+            raise ConfigError(f"{Path(directory) / STATE_FILE}: no checkpoint to resume from")
+        directory, path = found, found / STATE_FILE
         state = torch.load(path, map_location="cpu", weights_only=False)
         if state["config"] != to_flat(self.config):
             diff = sorted(k for k, v in to_flat(self.config).items() if state["config"].get(k) != v)
@@ -375,6 +386,19 @@ class Trainer:
         best = Path(directory) / BEST_FILE
         self.best_state = torch.load(best, map_location="cpu") if best.exists() else None
         set_rng_state(state["rng"])
+
+
+def find_checkpoint(directory: Path | str) -> Path | None:
+    """The complete checkpoint :meth:`Trainer.save` left at ``directory``, or ``None``.
+
+    That is ``directory`` itself, or, after an interruption between the two renames of a save,
+    the previous checkpoint moved aside to ``directory.old``.
+    """
+    directory = Path(directory)
+    for candidate in (directory, directory.with_name(directory.name + ".old")):
+        if (candidate / STATE_FILE).exists():
+            return candidate
+    return None
 
 
 def _take(iterable: Iterable, n: int) -> Iterator:

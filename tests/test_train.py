@@ -8,7 +8,7 @@ import torch
 
 from icr.config import from_flat
 from icr.errors import ConfigError, TrainingError
-from icr.train import fit, lr_factor, swa_snapshot_steps
+from icr.train import find_checkpoint, fit, lr_factor, restore, swa_snapshot_steps
 
 TINY = {
     "data.preset": "tiny",
@@ -92,6 +92,21 @@ def test_resume_gives_the_metrics_of_an_uninterrupted_run(workspace, tmp_path):
         if key != "epoch_time_s":
             assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-6), key
     assert full.test == pytest.approx(resumed.test)
+
+
+def test_a_save_interrupted_between_its_renames_leaves_a_checkpoint(workspace, tmp_path):
+    config = tiny(train__finetune_epochs=0, eval__test=False)
+    checkpoint = fit(config, workspace=workspace, run_dir=tmp_path).checkpoint_dir
+    # The crash: the old checkpoint moved aside, the new one not yet moved in.
+    checkpoint.rename(tmp_path / "checkpoint.old")
+    (tmp_path / "checkpoint.tmp").mkdir()
+    assert find_checkpoint(checkpoint) == tmp_path / "checkpoint.old"
+    trainer = restore(config, checkpoint, workspace=workspace)  # falls back to it
+    assert trainer.epoch == 1 and len(trainer.history) == 1
+    trainer.save(checkpoint)
+    assert find_checkpoint(checkpoint) == checkpoint
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint"]
+    assert find_checkpoint(tmp_path / "nothing-here") is None
 
 
 def test_resume_with_another_config_is_refused(workspace, tmp_path):
