@@ -299,9 +299,11 @@ def main(argv: list[str] | None = None) -> None:
 
 def _report(args: argparse.Namespace, rows: list[Row], refs: list[Row], wall: float, done: int,
             total: int) -> str:
+    train = sum(r.metrics.get("train_seconds", 0.0) for r in rows)
     header = (f"ltd_effect: preset {args.preset}, features {args.features}, epochs {args.epochs}, "
               f"seeds {args.seeds}, {os.cpu_count()} CPUs, {done} of {total} runs, "
-              f"wall {wall / 60:.1f} min\n\n")
+              f"training {train / 60:.1f} min summed over runs (resumed ones included), "
+              f"this invocation {wall / 60:.1f} min\n\n")
     return header + markdown(rows, refs)
 
 if __name__ == "__main__":
