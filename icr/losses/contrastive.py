@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
@@ -25,7 +26,27 @@ from icr.registry import Registry
 
 
 class ContrastiveLoss(Protocol):
-    def __call__(self, sims: Tensor, image_ids: Tensor | None = None) -> Tensor: ...
+    def __call__(self, sims: Tensor, image_ids: Tensor | None = None) -> Tensor | LossOutput: ...
+
+
+@dataclass(frozen=True)
+class LossOutput:
+    """A loss with scalars to log beside it, for losses that have more to say than their value.
+
+    ``logs`` holds detached 0-d tensors (e.g. ``K``, the number of negatives AdOpt chose); the
+    training loop records them in the per-step trajectory. A loss with nothing to log returns a
+    plain tensor; :func:`split_output` turns either form into ``(loss, logs)``.
+    """
+
+    loss: Tensor
+    logs: dict[str, Tensor] = field(default_factory=dict)
+
+
+def split_output(out: Tensor | LossOutput) -> tuple[Tensor, dict[str, Tensor]]:
+    """``(loss, logs)`` of a loss's return value (a tensor or a :class:`LossOutput`)."""
+    if isinstance(out, LossOutput):
+        return out.loss, out.logs
+    return out, {}
 
 
 LOSSES: Registry = Registry("contrastive loss")
