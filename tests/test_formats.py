@@ -30,7 +30,7 @@ from icr.data.relevance import load_relevance, save_relevance
 from icr.data.types import CaptionedImages
 from icr.errors import DataError
 
-CXC = Path("/work/shared/formats/cxc")
+CXC = Path(__file__).resolve().parent / "fixtures" / "cxc"  # real CxC samples: see its README
 
 
 def raises_naming(path: Path, match: str = ""):

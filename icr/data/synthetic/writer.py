@@ -9,6 +9,9 @@ Layout of a generated folder::
             {split}_caps.txt, {split}_ids.txt (image file names)
     entities/Sentences/<stem>.txt, entities/Annotations/<stem>.xml, entities/{split}.txt
     cxc/sits_{val,test}.csv  captions true of *other* images of the split (agg_score 5.0)
+    relevance/semantic_{val,test}.npy
+                             (N_cap, N_img) float32 SPICE-like nDCG relevance from the captions'
+                             meanings (:mod:`.relevance`), rows and columns in the split's order
     scenes.json              per image: the scene (all attributes, boxes), the region owners and,
                              per caption, its meaning and which attributes of which objects it states
 
@@ -19,6 +22,7 @@ when complete: everything is written to a hidden temporary sibling that is renam
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -45,8 +49,10 @@ from icr.data.entities import (
 )
 from icr.data.karpathy import write_karpathy_json
 from icr.data.precomp import write_precomp
+from icr.data.relevance import save_relevance
 from icr.data.synthetic.grammar import BACKGROUND_KEY, Caption, sample_captions
 from icr.data.synthetic.regions import RegionFeatureExtractor, crop_regions, region_boxes
+from icr.data.synthetic.relevance import caption_relevance
 from icr.data.synthetic.render import render_scene
 from icr.data.synthetic.semantics import TruthTable
 from icr.data.synthetic.world import Scene, sample_scene
@@ -54,10 +60,12 @@ from icr.errors import DataError
 
 logger = logging.getLogger(__name__)
 
-GENERATOR_VERSION = "shapes-1"
+# shapes-2: adds relevance/; every other file is as in shapes-1 (but for this version string)
+GENERATOR_VERSION = "shapes-2"
 DATASET_NAME = "shapes"
 SPLITS = ("train", "val", "test")
 CXC_PREFIX = "shapes"
+RELEVANCE_DIR = "relevance"
 CHAINS_PER_IMAGE = 32  # chain id = imgid * 32 + key, key in 1..16 (grammar chain keys)
 _BLOCK = 250  # images per work unit
 
@@ -249,6 +257,20 @@ def _write_cxc(folder: Path, splits: dict[str, list[GeneratedImage]]) -> dict[st
     return counts
 
 
+def _write_relevance(folder: Path, splits: dict[str, list[GeneratedImage]]) -> dict[str, str]:
+    """Semantic relevance of each evaluation split; returns split -> path relative to the root."""
+    files = {}
+    for split in ("val", "test"):
+        images = splits[split]
+        matrix = caption_relevance(  # (N_cap, N_img), the Karpathy JSON's order
+            [c.meaning for im in images for c in im.captions],
+            [[c.meaning for c in im.captions] for im in images],
+        )
+        files[split] = f"{RELEVANCE_DIR}/semantic_{split}.npy"
+        save_relevance(folder / files[split], matrix)
+    return files
+
+
 def _scene_record(im: GeneratedImage) -> dict:
     scene = im.scene.to_json()
     for obj, box in zip(scene["objects"], im.object_boxes, strict=True):
@@ -287,6 +309,7 @@ def write_benchmark(folder: Path, preset: Preset, seed: int, workers: int = 1) -
         _write_precomp(folder / "precomp", split, splits[split])
     _write_karpathy(folder / "dataset_shapes.json", splits)
     cxc_counts = _write_cxc(folder / "cxc", splits)
+    relevance = _write_relevance(folder, splits)
     every = [im for s in SPLITS for im in splits[s]]
     _write_json(folder / "scenes.json", {"generator_version": GENERATOR_VERSION,
                                          "images": [_scene_record(im) for im in every]})
@@ -297,6 +320,7 @@ def write_benchmark(folder: Path, preset: Preset, seed: int, workers: int = 1) -
         "counts": {s: {"images": len(splits[s]),
                        "captions": len(splits[s]) * preset.captions_per_image,
                        **({"cxc_pairs": cxc_counts[s]} if s in cxc_counts else {})} for s in SPLITS},
+        "relevance": {"semantic": relevance},
         "fingerprint": fingerprint(folder),
     }
     _write_json(folder / "MANIFEST.json", manifest, indent=1)
@@ -383,14 +407,57 @@ def _replace(tmp: Path, out: Path, overwrite: bool) -> None:
         os.rename(tmp, out)  # an empty ``out`` is replaced, a non-empty one raises OSError
 
 
+def _version_number(version: object) -> int | None:
+    """``"shapes-<n>"`` -> ``n``; ``None`` for anything else."""
+    prefix = "shapes-"
+    if isinstance(version, str) and version.startswith(prefix) and version[len(prefix):].isdigit():
+        return int(version[len(prefix):])
+    return None
+
+
+def _is_older(manifest: dict, preset: str, seed: int) -> bool:
+    """Whether ``manifest`` is of the same preset and seed, written by an older generator."""
+    found = _version_number(manifest.get("generator_version"))
+    current = _version_number(GENERATOR_VERSION)
+    same = manifest.get("preset") == preset and manifest.get("seed") == seed
+    return same and found is not None and current is not None and found < current
+
+
+def _remove_stale(root: Path) -> None:
+    """Rename a stale benchmark folder out of the way (atomically), then delete it.
+
+    Of several processes doing this at once, one renames the folder and the others find it gone.
+    A process that finds it renamed a current benchmark (regenerated by another process since it
+    read the manifest) puts it back.
+    """
+    aside = Path(tempfile.mkdtemp(prefix=f".{root.name}.stale-", dir=root.parent))
+    try:
+        try:
+            os.rename(root, aside / "data")
+        except FileNotFoundError:
+            return
+        try:
+            moved = read_manifest(aside / "data") or {}
+        except DataError:
+            moved = {}
+        if moved.get("generator_version") == GENERATOR_VERSION:
+            with contextlib.suppress(OSError):
+                os.rename(aside / "data", root)
+    finally:
+        shutil.rmtree(aside, ignore_errors=True)
+
+
 def ensure_benchmark(root: str | Path, preset: str = "default", seed: int = 0) -> Path:
     """Return the benchmark folder ``root``, generating it first if it does not exist yet.
 
     A complete folder (one with a ``MANIFEST.json`` of the same preset, seed and generator version)
-    is reused as is; another process generating the same folder at the same time is harmless.
+    is reused as is; one of the same preset and seed written by an older generator version is
+    deleted and generated again. Another process generating or upgrading the same folder at the
+    same time is harmless.
 
     Raises:
-        DataError: ``root`` holds something else (another preset, seed or version, or no manifest).
+        DataError: ``root`` holds something else (another preset or seed, a newer or unknown
+            version, or no manifest).
     """
     root = Path(root)
     get_preset(preset)
@@ -404,6 +471,11 @@ def ensure_benchmark(root: str | Path, preset: str = "default", seed: int = 0) -
         return root
 
     manifest = read_manifest(root)
+    if manifest is not None and _is_older(manifest, preset, seed):
+        logger.warning("%s: shapes benchmark of generator version %s; generating version %s",
+                       root, manifest.get("generator_version"), GENERATOR_VERSION)
+        _remove_stale(root)
+        manifest = read_manifest(root)
     if manifest is not None:
         return check(manifest)
     if root.exists() and any(root.iterdir()):
