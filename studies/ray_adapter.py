@@ -1,20 +1,48 @@
-"""Everything about the Ray cluster: starting or joining it, resources, storage checks.
+"""Everything about the Ray cluster: starting or joining it, resources, storage, trial labels.
 
 Ray's startup, resource and storage APIs have changed often (REFERENCE_NOTES section 7), so they
-sit here. A local study starts a private Ray instance whose processes all listen on 127.0.0.1
-(with the dashboard); ``--address auto|HOST:PORT`` joins a running cluster instead.
+sit here. A local study starts a private Ray instance with ``ray start --head --block``:
+
+- every server binds 127.0.0.1. Ray 2.60 binds each server (GCS, raylet, object manager, workers,
+  dashboard agent, runtime-env agent, Ray client server, metrics exporters) to the *node IP*, and
+  turns a loopback ``--node-ip-address`` into the machine's address unless
+  ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``; the launcher gets that variable. The gRPC ports
+  answer only with the token (``~/.ray/auth_token``), the dashboard's API too; three Prometheus
+  exporters (read-only metrics, no token) stay, on loopback;
+- every port Ray would take by default (8265, 52365, 10001, 44217, 44227, 6379) is chosen free,
+  so two studies on one machine do not collide;
+- its processes form a family marked by one environment variable (:mod:`studies.processes`): the
+  launcher stops them on SIGTERM and gets SIGTERM when the driver dies, and a record file lets
+  :func:`stop_recorded_instance` stop exactly them after the worst crash.
+
+``--address auto|HOST:PORT`` joins a running cluster instead, after checking in seconds that a
+Ray cluster answers there.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
-from dataclasses import dataclass
+import random
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import ray
 
 from icr.errors import UserError
+from studies import processes
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +51,34 @@ REMOTE_SCHEMES = ("s3://", "gs://", "gcs://")
 SHARED_FS = ("nfs", "nfs4", "cifs", "smb3", "lustre", "gpfs", "ceph", "glusterfs", "beegfs",
              "fuse.sshfs", "fuse.gcsfuse", "fuse.s3fs", "fuse.mountpoint-s3", "fuse.juicefs",
              "efs", "virtiofs", "9p")
+LOOPBACK = "127.0.0.1"
+TEMP_PREFIX = "icr-ray-"
+JOIN_TIMEOUT_S = 5.0  # how long a cluster given with --address may take to answer
+START_TIMEOUT_S = 180.0  # `ray start` takes 10-25 s on 2 busy cores
+# Ray's Unix sockets live in <temp>/session_<date>_<pid>/sockets/plasma_store and must fit the
+# 107-byte limit of socket paths: the temp folder gets at most 44 characters.
+MAX_TEMP_DIR = 44
+_START_SCRIPT = "import sys\nfrom ray.scripts.scripts import main\nsys.argv[0] = 'ray'\nsys.exit(main())\n"
+# `ray start --address` turns a loopback address into the machine's one (and refuses to join
+# with RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0): a node joining a loopback head keeps it as given.
+_JOIN_LOOPBACK_SCRIPT = ("import ray._private.services as services\n"
+                         "services.resolve_ip_for_localhost = lambda host: host\n" + _START_SCRIPT)
+
+
+@dataclass
+class LocalInstance:
+    """Ray processes started here by ``ray start --block`` (a head, or a node joining one)."""
+
+    launcher: subprocess.Popen
+    temp_dir: Path
+    marker: str  # the family id every process of the instance carries (processes.MARKER)
+    address: str  # the GCS address of the cluster
+    ports: dict[str, int] = field(default_factory=dict)  # ports chosen here (others: see ray.nodes())
+    record: Path | None = None
+
+    @property
+    def session_dir(self) -> Path:
+        return (self.temp_dir / "session_latest").resolve()
 
 
 @dataclass(frozen=True)
@@ -35,6 +91,8 @@ class Cluster:
     gpus: int
     nodes: int
     started_here: bool  # a private instance this process started (and stops)
+    hosts: int | None = None  # distinct machines among the nodes (None: unknown)
+    instance: LocalInstance | None = field(default=None, compare=False, repr=False)
 
     def trial_resources(self, cpus_per_trial: int | None = None) -> dict[str, float]:
         """One GPU per trial when the cluster has GPUs (and its share of CPUs), else CPUs only."""
@@ -64,41 +122,399 @@ def connect(
     num_cpus: int | None = None,
     num_gpus: int | None = None,
     dashboard: bool = True,
+    record: Path | None = None,
 ) -> Cluster:
-    """Join the cluster at ``address`` or start a private instance on 127.0.0.1."""
-    started = False
+    """Join the cluster at ``address`` or start a private instance on 127.0.0.1.
+
+    ``record``: where to write the private instance's record (session folder, GCS address,
+    processes) for :func:`stop_recorded_instance`; kept in the study's run folder.
+    """
     if ray.is_initialized():
-        context = ray.get_runtime_context()
-        gcs = context.gcs_address
-        dashboard_url = None
-    elif address:
-        try:
-            info = ray.init(address=address, log_to_driver=False, configure_logging=False)
-        except (ConnectionError, RuntimeError, ValueError) as exc:
-            raise UserError(f"cannot join the Ray cluster at --address {address}: {exc}") from None
-        gcs = info.address_info.get("gcs_address", address)
-        dashboard_url = info.dashboard_url or None
-    else:
-        # A private instance: every Ray process binds the loopback address only.
-        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-        info = ray.init(
-            num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=dashboard,
-            dashboard_host="127.0.0.1", log_to_driver=False, configure_logging=False,
-        )
-        gcs = info.address_info.get("gcs_address", "")
-        dashboard_url = info.dashboard_url or None
-        started = True
-    resources = ray.cluster_resources()
-    nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
-    if dashboard_url and not dashboard_url.startswith("http"):
-        dashboard_url = f"http://{dashboard_url}"
-    return Cluster(gcs, dashboard_url, int(resources.get("CPU", 0)), int(resources.get("GPU", 0)),
-                   nodes, started)
+        return _describe(ray.get_runtime_context().gcs_address, None, started=False)
+    if address:
+        return _join(address)
+    return _start_private(num_cpus, num_gpus, dashboard, record)
 
 
-def disconnect(cluster: Cluster) -> None:
-    """Stop the private instance (a joined cluster keeps running)."""
+def disconnect(cluster: Cluster, *, keep_logs: bool = False) -> None:
+    """Leave the cluster; stop the private instance (a joined cluster keeps running).
+
+    ``keep_logs`` keeps the instance's temp folder (Ray's logs, e.g. a crashed worker's stderr).
+    """
     ray.shutdown()
+    if cluster.instance is not None:
+        stop_instance(cluster.instance, keep_logs=keep_logs)
+
+
+def _start_private(num_cpus: int | None, num_gpus: int | None, dashboard: bool,
+                   record: Path | None) -> Cluster:
+    instance = start_head(num_cpus=num_cpus, num_gpus=num_gpus, dashboard=dashboard)
+    try:
+        with _loopback_stays_loopback():
+            info = ray.init(address=instance.address, log_to_driver=False, configure_logging=False)
+        dashboard_url = _url(info.dashboard_url)
+        if record is not None:
+            _write_record(instance, record, dashboard_url)
+    except BaseException:
+        ray.shutdown()
+        stop_instance(instance, keep_logs=True)
+        raise
+    return _describe(instance.address, dashboard_url, started=True, instance=instance)
+
+
+def _join(address: str) -> Cluster:
+    gcs = reachable_gcs(address)
+    _use_token_if_present()
+    try:
+        with _loopback_stays_loopback():
+            info = ray.init(address=gcs, log_to_driver=False, configure_logging=False)
+    except (ConnectionError, RuntimeError, ValueError, ray.exceptions.RayError) as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"cannot join the Ray cluster at --address {address}: {reason}") from None
+    return _describe(gcs, _url(info.dashboard_url), started=False)
+
+
+def _describe(address: str, dashboard_url: str | None, *, started: bool,
+              instance: LocalInstance | None = None) -> Cluster:
+    resources = ray.cluster_resources()
+    alive = [n for n in ray.nodes() if n.get("Alive")]
+    hosts = len({(n.get("NodeManagerAddress"), n.get("NodeManagerHostname")) for n in alive})
+    return Cluster(address, dashboard_url, int(resources.get("CPU", 0)), int(resources.get("GPU", 0)),
+                   len(alive), started, hosts or None, instance)
+
+
+def _url(dashboard_url: str | None) -> str | None:
+    if dashboard_url and not dashboard_url.startswith("http"):
+        return f"http://{dashboard_url}"
+    return dashboard_url or None
+
+
+# --- joining: fail in seconds when nothing answers ----------------------------------------------
+
+
+def reachable_gcs(address: str, timeout: float = JOIN_TIMEOUT_S) -> str:
+    """``HOST:PORT`` of the Ray cluster at ``address`` (``auto``: the one `ray start` recorded).
+
+    Raises UserError within about ``2 * timeout`` seconds when nothing answers there, or when what
+    answers is not a Ray cluster (Ray itself would retry for minutes). ``auto`` never falls back
+    to "any GCS process on this machine" as Ray does: that could be another study's instance.
+    """
+    from ray._common.network_utils import parse_address
+    from ray._private.utils import read_ray_address
+
+    given = address
+    if address == "auto":
+        address = os.environ.get("RAY_ADDRESS") or read_ray_address()
+        if not address:
+            raise UserError("--address auto: no Ray cluster was started with `ray start` on this "
+                            "machine (start one with `ray start --head`, or leave out --address)")
+    parsed = parse_address(address)
+    if parsed is None or not str(parsed[1]).isdigit():
+        raise UserError(f"--address {given}: expected auto or HOST:PORT (e.g. 10.0.0.5:6379)")
+    host, port = parsed[0], int(parsed[1])
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as exc:
+        raise UserError(
+            f"cannot join the Ray cluster at --address {given}: nothing answers at {host}:{port} "
+            f"({exc.strerror or exc}); start it (`ray start --head`) or leave out --address"
+        ) from None
+    answer = _gcs_answer(host, port, timeout)
+    if answer == "UNAUTHENTICATED":
+        raise UserError(f"--address {given}: the cluster at {host}:{port} wants its token; copy the "
+                        f"head's ~/.ray/auth_token to {_token_path()} (or set RAY_AUTH_TOKEN)")
+    if answer != "OK":
+        raise UserError(f"--address {given}: {host}:{port} answers but not as a Ray cluster "
+                        "(give the head's GCS address, port 6379 by default)")
+    return f"{host}:{port}"
+
+
+def _gcs_answer(host: str, port: int, timeout: float) -> str:
+    """How a Ray GCS at host:port answers a call carrying the local token: "OK", or a gRPC code
+    ("UNAUTHENTICATED": a wrong or missing token; anything else: not a Ray GCS)."""
+    if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+        return "OK"  # the plain-text probe cannot speak TLS; ray.init will tell
+    import grpc
+
+    token = _local_token()
+    metadata = [("authorization", f"Bearer {token}")] if token else None
+    target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    with grpc.insecure_channel(target) as channel:
+        probe = channel.unary_unary("/ray.rpc.NodeInfoGcsService/GetClusterId")
+        try:
+            probe(b"", timeout=timeout, metadata=metadata)
+        except grpc.RpcError as exc:
+            return exc.code().name
+    return "OK"
+
+
+@contextlib.contextmanager
+def _loopback_stays_loopback() -> Iterator[None]:
+    """While Ray connects, keep a loopback address as given.
+
+    ``ray.init`` replaces 127.0.0.1 by the machine's address before connecting
+    (``services.resolve_ip_for_localhost``), and a loopback-only instance does not listen there.
+    """
+    from ray._private import services
+
+    original = services.resolve_ip_for_localhost
+    services.resolve_ip_for_localhost = lambda host: host
+    try:
+        yield
+    finally:
+        services.resolve_ip_for_localhost = original
+
+
+# --- token authentication ------------------------------------------------------------------------
+
+
+def _use_token_auth() -> None:
+    """Token authentication for a new instance, as ``ray.init`` does (unless RAY_AUTH_MODE says).
+
+    Sets ``RAY_AUTH_MODE=token`` for this process and its children and creates the token
+    (``~/.ray/auth_token``) if missing, readable by its owner only.
+    """
+    from ray._private.authentication import authentication_token_setup as auth
+
+    if auth.enable_token_auth_by_default():
+        auth.ensure_token_if_auth_enabled(None, create_token_if_missing=True)
+        _protect_token()
+
+
+def _use_token_if_present() -> None:
+    """Send the local token when joining, also with an explicit address (Ray only does for auto)."""
+    from ray._private.authentication import authentication_token_setup as auth
+
+    auth.maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+
+
+def _token_path() -> Path:
+    return Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+
+
+def _local_token() -> str | None:
+    """The token Ray would send (RAY_AUTH_TOKEN, else the token file), if any."""
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return os.environ["RAY_AUTH_TOKEN"].strip()
+    with contextlib.suppress(OSError):
+        return _token_path().read_text().strip() or None
+    return None
+
+
+def _protect_token() -> None:
+    """Ray writes the token with the default umask (0644); other users must not read it."""
+    path = _token_path()
+    with contextlib.suppress(OSError):
+        info = path.stat()
+        if info.st_uid == os.getuid() and info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+            path.chmod(0o600)
+
+
+# --- private instances: `ray start --block` launchers ------------------------------------------
+
+
+def start_head(
+    *,
+    num_cpus: int | None = None,
+    num_gpus: int | None = None,
+    dashboard: bool = True,
+    resources: Mapping[str, float] | None = None,
+    system_config: Mapping[str, Any] | None = None,
+    timeout: float = START_TIMEOUT_S,
+) -> LocalInstance:
+    """Start a head node on 127.0.0.1 with free ports and its own temp folder; wait until it runs.
+
+    Token authentication is on (as ``ray.init`` does it) unless RAY_AUTH_MODE says otherwise.
+    ``system_config``: Ray system settings (``--system-config``), e.g. faster health checks.
+    """
+    _use_token_auth()
+    temp_dir = _new_temp_dir()
+    marker = uuid.uuid4().hex
+    # Ray has no "pick a free port" for these three (the two metrics ports come from the
+    # environment of the dashboard and the autoscaler monitor).
+    ports = {"ray_client_server": free_port(), "dashboard_metrics": free_port(),
+             "autoscaler_metrics": free_port()}
+    cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head",
+           "--node-ip-address", LOOPBACK, "--port", "0", "--dashboard-host", LOOPBACK,
+           "--dashboard-port", "0", "--include-dashboard", str(dashboard).lower(),
+           "--ray-client-server-port", str(ports["ray_client_server"]),
+           *_node_options(temp_dir, num_cpus, num_gpus, resources)]
+    if system_config:
+        cmd += ["--system-config", json.dumps(dict(system_config))]
+    env = {**_launcher_env(marker), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+           "DASHBOARD_METRIC_PORT": str(ports["dashboard_metrics"]),
+           "AUTOSCALER_METRIC_PORT": str(ports["autoscaler_metrics"])}
+    launcher = _launch(cmd, env, temp_dir)
+    address_file = temp_dir / "ray_current_cluster"  # written by `ray start` once it runs
+
+    def started() -> str | None:
+        return address_file.read_text().strip() if address_file.is_file() else None
+
+    address = _wait_started(launcher, temp_dir, started, timeout, "the private Ray instance")
+    return LocalInstance(launcher, temp_dir, marker, address, ports)
+
+
+def start_node(
+    address: str,
+    *,
+    num_cpus: int | None = None,
+    num_gpus: int | None = None,
+    resources: Mapping[str, float] | None = None,
+    timeout: float = START_TIMEOUT_S,
+) -> LocalInstance:
+    """Start another node of the cluster at ``address`` on this machine (multi-node tests).
+
+    On a loopback head the node binds 127.0.0.1 too (its address as seen from the head).
+    """
+    temp_dir = _new_temp_dir()
+    marker = uuid.uuid4().hex
+    cmd = [sys.executable, "-c", _JOIN_LOOPBACK_SCRIPT, "start", "--address", address,
+           *_node_options(temp_dir, num_cpus, num_gpus, resources)]
+    launcher = _launch(cmd, _launcher_env(marker), temp_dir)
+    log_file = temp_dir / "ray-start.log"
+
+    def started() -> str | None:
+        return address if "Ray runtime started" in log_file.read_text(errors="replace") else None
+
+    _wait_started(launcher, temp_dir, started, timeout, f"a Ray node joining {address}")
+    return LocalInstance(launcher, temp_dir, marker, address)
+
+
+def _node_options(temp_dir: Path, num_cpus: int | None, num_gpus: int | None,
+                  resources: Mapping[str, float] | None) -> list[str]:
+    """Options of every node: no fixed port, its own temp folder, no usage stats, blocking."""
+    options = ["--block", "--dashboard-agent-listen-port", "0", "--dashboard-agent-grpc-port", "0",
+               "--runtime-env-agent-port", "0", "--metrics-export-port", "0",
+               "--min-worker-port", "0", "--max-worker-port", "0",
+               "--temp-dir", str(temp_dir), "--disable-usage-stats"]
+    if num_cpus is not None:
+        options += ["--num-cpus", str(num_cpus)]
+    if num_gpus is not None:
+        options += ["--num-gpus", str(num_gpus)]
+    if resources:
+        options += ["--resources", json.dumps(dict(resources))]
+    return options
+
+
+def _launcher_env(marker: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    return {**env, processes.MARKER: marker, "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+def _new_temp_dir() -> Path:
+    root = Path(tempfile.gettempdir())
+    if len(str(root)) + len(TEMP_PREFIX) + 8 > MAX_TEMP_DIR:
+        root = Path("/tmp")
+    return Path(tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=root))
+
+
+def free_port(low: int = 20000, high: int = 32000) -> int:
+    """A free loopback port below the usual ephemeral range (32768-60999).
+
+    Outgoing connections of the starting instance take ephemeral ports, so they cannot take this
+    one before Ray binds it.
+    """
+    for _ in range(200):
+        port = random.randint(low, high)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind((LOOPBACK, port))
+            except OSError:
+                continue
+            return port
+    raise UserError(f"no free TCP port between {low} and {high} on {LOOPBACK}")
+
+
+def _launch(cmd: list[str], env: dict[str, str], temp_dir: Path) -> subprocess.Popen:
+    """Start ``ray start --block`` in its own session (Ctrl-C reaches the driver only, which
+    stops it in order); it gets SIGTERM when this thread dies."""
+    with open(temp_dir / "ray-start.log", "wb") as out:
+        return subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=processes.die_with_parent)
+
+
+def _wait_started(launcher: subprocess.Popen, temp_dir: Path, started: Callable[[], str | None],
+                  timeout: float, what: str) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = started()
+        if value:
+            return value
+        if launcher.poll() is not None:
+            raise UserError(f"{what} did not start (`ray start` exited with {launcher.returncode}): "
+                            f"{_last_line(temp_dir / 'ray-start.log')}; see {temp_dir}")
+        time.sleep(0.2)
+    launcher.terminate()
+    launcher.wait()
+    raise UserError(f"{what} did not start within {timeout:.0f} s; see {temp_dir / 'ray-start.log'}")
+
+
+def _last_line(path: Path) -> str:
+    lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    return lines[-1].strip() if lines else "no output"
+
+
+def stop_instance(instance: LocalInstance, *, keep_logs: bool = False) -> list[int]:
+    """Stop the instance's processes (the launcher first), its record and (unless kept) its logs."""
+    stopped = processes.stop_family(instance.marker, instance.temp_dir,
+                                     first=instance.launcher.pid)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        instance.launcher.wait(timeout=10)  # reap it
+    if instance.record is not None:
+        instance.record.unlink(missing_ok=True)
+    if not keep_logs:
+        _remove_temp_dir(instance.temp_dir)
+    return stopped
+
+
+def _remove_temp_dir(path: Path) -> None:
+    if path.name.startswith(TEMP_PREFIX) and path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+
+
+# --- records: stopping what a dead driver left ---------------------------------------------------
+
+
+def _write_record(instance: LocalInstance, path: Path, dashboard_url: str | None) -> None:
+    """Write what identifies the instance's processes to ``path`` (JSON)."""
+    instance.record = path
+    members = processes.describe(processes.family(instance.marker, instance.temp_dir))
+    launcher, driver = processes.describe([instance.launcher.pid, os.getpid()])
+    processes.write_record(path, {
+        "marker": instance.marker, "temp_dir": str(instance.temp_dir),
+        "session_dir": str(instance.session_dir), "gcs_address": instance.address,
+        "dashboard_url": dashboard_url, "ports": instance.ports, "launcher": launcher,
+        "driver": driver, "processes": members,
+    })
+
+
+def stop_recorded_instance(record_path: Path, *, force: bool = False) -> list[int]:
+    """Stop the Ray instance a record names (its launcher, then any process left); PIDs stopped.
+
+    Only processes of this user that carry the instance's marker or hold a file open in its temp
+    folder are signalled, so a reused PID or another study's Ray is never touched. Refuses (UserError) while the driver that started it
+    still runs, unless ``force``. Removes the record and the instance's temp folder.
+    """
+    try:
+        record = json.loads(Path(record_path).read_text())
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot read the Ray instance record {record_path}: {exc}") from None
+    driver = record["driver"]
+    if (not force and driver["pid"] != os.getpid()
+            and processes.alive(driver["pid"], driver["create_time"])):
+        raise UserError(f"the Ray instance in {record_path} belongs to a running driver "
+                        f"(PID {driver['pid']}); stop it first: kill -INT {driver['pid']}")
+    stopped = processes.stop_family(record["marker"], Path(record["temp_dir"]),
+                                     first=record["launcher"]["pid"])
+    _remove_temp_dir(Path(record["temp_dir"]))
+    Path(record_path).unlink(missing_ok=True)
+    return stopped
+
+
+# --- what users see: dashboard, storage, trial labels -------------------------------------------
 
 
 def dashboard_hint(cluster: Cluster) -> str:
@@ -111,13 +527,15 @@ def dashboard_hint(cluster: Cluster) -> str:
     )
 
 
-def check_storage(storage: str, nodes: int, mounts: str | None = None) -> None:
+def check_storage(storage: str, nodes: int, mounts: str | None = None,
+                  hosts: int | None = None) -> None:
     """A multi-node study needs Tune storage every node can reach (Ray does not sync to the head).
 
-    Accepts ``s3://``, ``gs://`` or a path on a network file system; raises UserError otherwise.
+    Accepts ``s3://``, ``gs://``, a path on a network file system, or any path when all nodes run
+    on one machine (``hosts == 1``: they share its disk); raises UserError otherwise.
     ``mounts`` is the text of /proc/mounts (read when not given).
     """
-    if nodes <= 1 or storage.startswith(REMOTE_SCHEMES):
+    if nodes <= 1 or hosts == 1 or storage.startswith(REMOTE_SCHEMES):
         return
     if "://" in storage:
         raise UserError(f"--storage {storage}: only s3://, gs:// or a shared path are supported")
@@ -149,3 +567,33 @@ def filesystem_type(path: Path, mounts: str | None = None) -> str:
         if inside and len(point) > len(best):
             best, fstype = point, parts[2]
     return fstype
+
+
+def trial_label(trial_id: str, config: Mapping[str, Any]) -> str:
+    """``trial <id> [<condition> key=value ...]``: how the dashboard and logs name a trial."""
+    values = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                      for k, v in config.items() if k != "condition")
+    inside = " ".join(str(part) for part in (config.get("condition"), values) if part)
+    return f"trial {trial_id} [{inside}]" if inside else f"trial {trial_id}"
+
+
+def labelled_trainable(fn: Callable[[dict[str, Any]], Any]) -> type:
+    """The Tune trainable running ``fn`` whose actors show :func:`trial_label` as their Repr.
+
+    Ray records ``repr(actor)`` right after an actor starts when its class defines ``__repr__``
+    (the dashboard's "Repr" column, ``ray.util.state.list_actors(detail=True)[i].repr_name``,
+    the prefix of the actor's log lines); Tune's function wrapper returns the function's name.
+    The class keeps the function's name (the dashboard's "Class" column), so ``Tuner.restore``
+    accepts it for an experiment started with ``fn`` itself. Wrap last:
+    ``labelled_trainable(tune.with_resources(tune.with_parameters(fn, ...), resources))``.
+    """
+    from ray.tune.trainable.function_trainable import wrap_function
+
+    base = wrap_function(fn)
+
+    class LabelledTrial(base):  # type: ignore[misc,valid-type]
+        def __repr__(self) -> str:
+            return trial_label(self.trial_id, self.config)
+
+    LabelledTrial.__name__ = LabelledTrial.__qualname__ = base._name
+    return LabelledTrial

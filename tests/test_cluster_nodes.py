@@ -1,0 +1,141 @@
+"""Node loss: a trial on a killed node resumes from its checkpoint on the node that is left.
+
+A two-node Ray cluster on loopback (a head and a worker node, each started with ``ray start``,
+1 CPU each, their own ports and temp folders), Tune storage on a local folder (both nodes run on
+this machine, so they share its disk). Two trials of four epochs run at once, one per node; both
+hold before epoch 3 until the test lets them go. The test kills the worker node's raylet while
+its trial holds (its epoch-2 checkpoint is saved), then lets the trials go: the head's trial
+finishes, the lost trial starts again on the head from epoch 2, not from 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from studies import processes, ray_adapter
+
+EPOCHS, HOLD_AFTER = 4, 2
+# Declare a silent node dead after about 1.5 s instead of about 15 s.
+FAST_HEALTH_CHECKS = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 500,
+                      "health_check_timeout_ms": 500, "health_check_failure_threshold": 3}
+
+
+def epochs(config: dict) -> None:
+    """A fake trial: one report and checkpoint per epoch; holds before epoch HOLD_AFTER + 1."""
+    import ray
+    from ray import tune
+
+    gate, name = Path(config["gate"]), config["name"]
+    start = 0
+    checkpoint = tune.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as folder:
+            start = json.loads((Path(folder) / "state.json").read_text())["epoch"]
+    node = ray.get_runtime_context().get_node_id()
+    with open(gate / f"{name}.starts", "a") as out:
+        out.write(json.dumps({"node": node, "start": start, "pid": os.getpid()}) + "\n")
+    for epoch in range(start + 1, EPOCHS + 1):
+        while epoch > HOLD_AFTER and not (gate / "go").exists():
+            time.sleep(0.05)  # waits for the test, not for time
+        with tempfile.TemporaryDirectory() as folder:
+            (Path(folder) / "state.json").write_text(json.dumps({"epoch": epoch}))
+            tune.report({"epoch": epoch, "start": start},
+                        checkpoint=tune.Checkpoint.from_directory(folder))
+        (gate / f"{name}.{epoch}").touch()  # reported, and its checkpoint is in storage
+
+
+def starts(gate: Path, name: str) -> list[dict]:
+    path = gate / f"{name}.starts"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def kill_worker_node_when_its_trial_holds(gate: Path, worker: ray_adapter.LocalInstance,
+                                          worker_node: str, done: threading.Event) -> None:
+    """Watcher: once the trial on the worker node saved epoch 2, SIGKILL that node's raylet.
+
+    The trials go on only when the node is dead for the cluster and the trial's process is gone:
+    a worker process outlives its raylet for a moment and could otherwise finish the trial.
+    """
+    import psutil
+    import ray
+
+    while not done.is_set():
+        on_worker = [(name, run) for name in ("a", "b") for run in starts(gate, name)
+                     if run["node"] == worker_node]
+        if on_worker and (gate / f"{on_worker[0][0]}.{HOLD_AFTER}").exists():
+            name, run = on_worker[0]
+            (gate / "lost").write_text(name)
+            for proc in processes.family(worker.marker, worker.temp_dir):
+                if proc.name() == "raylet":
+                    proc.send_signal(signal.SIGKILL)
+            while not done.is_set() and (psutil.pid_exists(run["pid"]) or any(
+                    n["Alive"] for n in ray.nodes() if n["NodeID"] == worker_node)):
+                time.sleep(0.05)
+            (gate / "go").touch()
+            return
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_trial_on_a_lost_node_resumes_from_its_checkpoint(tmp_path: Path) -> None:
+    import ray
+    from ray import tune
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests/
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    head = ray_adapter.start_head(num_cpus=1, dashboard=False, system_config=FAST_HEALTH_CHECKS)
+    worker = None
+    try:
+        worker = ray_adapter.start_node(head.address, num_cpus=1)
+        cluster = ray_adapter.connect(head.address)
+        assert (cluster.nodes, cluster.hosts) == (2, 1)
+        ray_adapter.check_storage(str(tmp_path / "ray"), cluster.nodes, hosts=cluster.hosts)
+        nodes = [n for n in ray.nodes() if n["Alive"]]
+        assert {n["NodeManagerAddress"] for n in nodes} == {"127.0.0.1"}
+        worker_node = next(n["NodeID"] for n in nodes
+                           if n["RayletSocketName"].startswith(str(worker.temp_dir)))
+
+        done = threading.Event()
+        watcher = threading.Thread(target=kill_worker_node_when_its_trial_holds,
+                                   args=(gate, worker, worker_node, done), daemon=True)
+        watcher.start()
+        tuner = tune.Tuner(
+            ray_adapter.labelled_trainable(tune.with_resources(epochs, {"cpu": 1})),
+            param_space={"gate": str(gate), "name": tune.grid_search(["a", "b"])},
+            run_config=tune.RunConfig(name="node-loss", storage_path=str(tmp_path / "ray"),
+                                      failure_config=tune.FailureConfig(max_failures=2),
+                                      verbose=0),
+        )
+        try:
+            grid = tuner.fit()
+        finally:
+            done.set()
+            watcher.join()
+        assert (gate / "lost").exists(), "no trial ran on the worker node"
+        lost = (gate / "lost").read_text()
+        kept = "b" if lost == "a" else "a"
+        assert grid.num_errors == 0 and all(r.metrics["epoch"] == EPOCHS for r in grid)
+        runs = starts(gate, lost)
+        assert [r["start"] for r in runs] == [0, HOLD_AFTER]  # resumed, not from scratch
+        assert runs[0]["node"] == worker_node and runs[1]["node"] != worker_node
+        assert [r["start"] for r in starts(gate, kept)] == [0]  # the other trial never stopped
+        assert len(ray.nodes()) == 2 and sum(n["Alive"] for n in ray.nodes()) == 1
+    finally:
+        ray.shutdown()
+        for instance in (worker, head):
+            if instance is not None:
+                ray_adapter.stop_instance(instance)
+    assert not processes.family(head.marker, head.temp_dir)
+    assert not processes.family(worker.marker, worker.temp_dir)

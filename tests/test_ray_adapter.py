@@ -1,0 +1,342 @@
+"""The private Ray instance: loopback only, token-guarded, free ports, no orphans, labelled trials.
+
+The fast tests need no Ray instance: joining a cluster that does not answer, stop signals,
+stopping a recorded family of processes, the storage check. The slow ones start one private
+instance for the module (in this process) and a second one in a driver subprocess.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from icr.errors import UserError
+from studies import processes, ray_adapter
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+# --- joining --------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_joining_an_address_where_nothing_answers_fails_with_one_line(monkeypatch) -> None:
+    with pytest.raises(UserError, match="nothing answers at 127.0.0.1:1 ") as error:
+        ray_adapter.connect("127.0.0.1:1")
+    assert "\n" not in str(error.value)
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")  # what `auto` reads first
+    with pytest.raises(UserError, match="--address auto: .*nothing answers at 127.0.0.1:1 "):
+        ray_adapter.connect("auto")
+    with pytest.raises(UserError, match="expected auto or HOST:PORT"):
+        ray_adapter.reachable_gcs("nonsense")
+
+
+@pytest.mark.timeout(60)
+def test_joining_an_address_that_is_not_a_ray_cluster_fails_with_one_line() -> None:
+    with socket.socket() as server:  # accepts connections, never speaks gRPC
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        with pytest.raises(UserError, match=f"127.0.0.1:{port} answers but not as a Ray cluster"):
+            ray_adapter.reachable_gcs(f"127.0.0.1:{port}", timeout=1.0)
+
+
+# --- stop signals ----------------------------------------------------------------------------
+
+SIGNALLED = """
+import signal, sys
+from studies.processes import stop_signals_as_ctrl_c
+if sys.argv[1] == "tune":  # a handler like Ray Tune's: stop gracefully, no KeyboardInterrupt
+    signal.signal(signal.SIGINT, lambda s, f: (print("graceful stop", flush=True), sys.exit(3)))
+with stop_signals_as_ctrl_c():
+    try:
+        print("ready", flush=True)
+        while True:
+            signal.pause()
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+        sys.exit(130)
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("sig", "mode", "code", "said"), [
+    (signal.SIGTERM, "plain", 130, "interrupted"),
+    (signal.SIGHUP, "plain", 130, "interrupted"),
+    (signal.SIGTERM, "tune", 3, "graceful stop"),
+])
+def test_sigterm_and_sighup_stop_the_driver_as_ctrl_c(sig: int, mode: str, code: int, said: str) -> None:
+    child = subprocess.Popen([sys.executable, "-c", SIGNALLED, mode], cwd=ROOT, env=ENV,
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert child.stdout.readline().strip() == "ready"
+    child.send_signal(sig)
+    out, _ = child.communicate(timeout=30)
+    assert child.returncode == code and said in out
+
+
+# --- stopping a recorded instance --------------------------------------------------------------
+
+SLEEPER = """
+import sys, time
+held = open(sys.argv[1], "w") if len(sys.argv) > 1 else None
+print("up", flush=True)
+time.sleep(600)
+"""
+
+
+def _sleeper(env: dict[str, str], *args: str) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", SLEEPER, *args], env=env,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "up"
+    return proc
+
+
+def test_a_recorded_instance_stops_exactly_its_own_processes(tmp_path: Path) -> None:
+    folder = tmp_path / f"{ray_adapter.TEMP_PREFIX}test"
+    folder.mkdir()
+    launcher = _sleeper({**os.environ, processes.MARKER: "m1"})  # inherited the marker
+    agent = _sleeper(dict(os.environ), str(folder / "agent.log"))  # blank env, a log file open
+    stranger = _sleeper({**os.environ, processes.MARKER: "other"})
+    try:
+        record = tmp_path / "ray-instance.json"
+        live_driver = processes.describe([stranger.pid])[0]
+        processes.write_record(record, {"marker": "m1", "temp_dir": str(folder),
+                                        "launcher": {"pid": launcher.pid}, "driver": live_driver})
+        with pytest.raises(UserError, match=f"running driver .PID {stranger.pid}"):
+            ray_adapter.stop_recorded_instance(record)
+        assert launcher.poll() is None and agent.poll() is None
+
+        # The driver's PID now belongs to another process (reused): the driver is gone.
+        processes.write_record(record, {"marker": "m1", "temp_dir": str(folder),
+                                        "launcher": {"pid": launcher.pid},
+                                        "driver": {**live_driver, "create_time": 0.0}})
+        stopped = ray_adapter.stop_recorded_instance(record)
+        assert sorted(stopped) == sorted([launcher.pid, agent.pid])
+        assert launcher.wait(timeout=30) is not None and agent.wait(timeout=30) is not None
+        assert stranger.poll() is None
+        assert not record.exists() and not folder.exists()
+        assert ray_adapter.stop_recorded_instance(record) == []  # nothing recorded: nothing to do
+    finally:
+        for proc in (launcher, agent, stranger):
+            proc.kill()
+            proc.wait()
+
+
+# --- storage ----------------------------------------------------------------------------------
+
+MOUNTS = "/dev/sda1 / ext4 rw 0 0\nnfs:/export /mnt/shared nfs4 rw 0 0\n"
+
+
+def test_nodes_on_one_machine_share_its_disk() -> None:
+    ray_adapter.check_storage("/home/me/workspace/ray", nodes=2, mounts=MOUNTS, hosts=1)
+    with pytest.raises(UserError, match="local disk"):
+        ray_adapter.check_storage("/home/me/workspace/ray", nodes=2, mounts=MOUNTS, hosts=2)
+    with pytest.raises(UserError, match="local disk"):
+        ray_adapter.check_storage("/home/me/workspace/ray", nodes=2, mounts=MOUNTS)
+
+
+def test_trial_label_names_the_trial_condition_and_values() -> None:
+    config = {"condition": "lagrangian", "objective.eta": 0.123456, "loss.name": "infonce"}
+    assert ray_adapter.trial_label("a1_00002", config) == \
+        "trial a1_00002 [lagrangian objective.eta=0.1235 loss.name=infonce]"
+    assert ray_adapter.trial_label("a1_00003", {}) == "trial a1_00003"
+
+
+# --- a private instance ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory):
+    record = tmp_path_factory.mktemp("run") / "ray-instance.json"
+    cluster = ray_adapter.connect(num_cpus=2, dashboard=True, record=record)
+    yield cluster
+    ray_adapter.disconnect(cluster)
+    assert not processes.family(cluster.instance.marker, cluster.instance.temp_dir)
+    assert not record.exists() and not cluster.instance.temp_dir.exists()
+
+
+def _token() -> str:
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token"
+    return Path(path).read_text().strip()
+
+
+def _http_get(url: str, token: str | None = None) -> tuple[int | None, str]:
+    """(status, body) of a GET; (None, "") when what answers does not speak HTTP/1."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=5) as r:
+            return r.status, r.read(1 << 20).decode(errors="replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, ""
+    except (http.client.HTTPException, ConnectionResetError):  # gRPC: not an HTTP/1 reply
+        return None, ""
+
+
+def _grpc_code(port: int, method: str) -> str:
+    import grpc
+
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        try:
+            channel.unary_unary(method)(b"", timeout=5)
+        except grpc.RpcError as exc:
+            return exc.code().name
+    return "OK"
+
+
+def _listening(cluster: ray_adapter.Cluster) -> dict[int, tuple[str, str]]:
+    """port -> (address, process name) of every listening TCP socket of the instance and driver."""
+    import psutil
+
+    found = {}
+    instance = cluster.instance
+    for proc in processes.family(instance.marker, instance.temp_dir) + [psutil.Process()]:
+        for conn in proc.net_connections(kind="inet"):
+            if conn.status == psutil.CONN_LISTEN and conn.type == socket.SOCK_STREAM:
+                found[conn.laddr.port] = (conn.laddr.ip, proc.name())
+    return found
+
+
+@pytest.mark.slow
+def test_every_socket_is_on_loopback_and_needs_the_token(local) -> None:
+    import ray
+
+    @ray.remote
+    def pid() -> int:
+        return os.getpid()
+
+    assert len(set(ray.get([pid.remote() for _ in range(4)]))) >= 1  # workers are listening too
+    sockets = _listening(local)
+    assert len(sockets) >= 10, sockets  # GCS, raylet x2, agents, dashboard, workers, driver
+    assert {ip for ip, _ in sockets.values()} <= {"127.0.0.1", "::ffff:127.0.0.1"}, sockets
+
+    node = next(n for n in ray.nodes() if n["Alive"])
+    metrics = {node["MetricsExportPort"], local.instance.ports["dashboard_metrics"],
+               local.instance.ports["autoscaler_metrics"]}
+    token = _token()
+    grpc_methods = {
+        int(local.address.rsplit(":", 1)[1]): "/ray.rpc.NodeInfoGcsService/GetClusterId",
+        node["NodeManagerPort"]: "/ray.rpc.NodeManagerService/GetNodeStats",
+        node["ObjectManagerPort"]: "/ray.rpc.ObjectManagerService/Pull",
+        node["MetricsAgentPort"]: "/ray.rpc.ReporterService/HealthCheck",
+        local.instance.ports["ray_client_server"]: "/ray.rpc.RayletDriver/ClusterInfo",
+    }
+    for port, (_, name) in sockets.items():
+        status, body = _http_get(f"http://127.0.0.1:{port}/api/version")
+        if status is None:  # gRPC: refused without the token
+            method = grpc_methods.get(port, "/ray.rpc.CoreWorkerService/NumPendingTasks")
+            assert _grpc_code(port, method) == "UNAUTHENTICATED", (port, name, method)
+        elif port in metrics:  # the Prometheus exporters: read-only, loopback (README)
+            assert status == 200 and "# HELP" in body, (port, name)
+        else:  # dashboard, agent, runtime-env agent
+            assert status == 401, (port, name, status)
+    assert _http_get(f"{local.dashboard_url}/api/version", token)[0] == 200
+    assert metrics <= set(sockets)
+
+
+@pytest.mark.slow
+def test_trial_actors_show_their_trial_in_the_dashboard(local, tmp_path: Path) -> None:
+    from ray import tune
+    from ray.util.state import list_actors
+
+    def trial(config: dict, scale: float) -> None:
+        tune.report({"score": scale * config["objective.eta"]})
+
+    trainable = ray_adapter.labelled_trainable(
+        tune.with_resources(tune.with_parameters(trial, scale=2.0), {"cpu": 1}))
+    tuner = tune.Tuner(
+        trainable,
+        param_space={"condition": "lagrangian", "objective.eta": tune.grid_search([0.1, 0.25])},
+        run_config=tune.RunConfig(name="labels", storage_path=str(tmp_path), verbose=0),
+    )
+    grid = tuner.fit()
+    assert grid.num_errors == 0 and len(grid) == 2
+    expected = {ray_adapter.trial_label(r.metrics["trial_id"], r.config) for r in grid}
+    assert len(expected) == 2 and all("objective.eta=" in label for label in expected)
+    actors = list_actors(address=local.dashboard_url, detail=True, limit=1000,
+                         filters=[("class_name", "=", "trial")])
+    assert expected <= {a.repr_name for a in actors}, [(a.class_name, a.repr_name) for a in actors]
+
+
+@pytest.mark.slow
+def test_joining_with_a_wrong_token_fails_with_one_line(local, monkeypatch) -> None:
+    assert ray_adapter.reachable_gcs(local.address) == local.address
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "not-the-token")
+    with pytest.raises(UserError, match="wants its token; copy the head's ~/.ray/auth_token"):
+        ray_adapter.reachable_gcs(local.address)
+
+
+SECOND_DRIVER = """
+import json, sys
+from pathlib import Path
+from studies import ray_adapter
+cluster = ray_adapter.connect(num_cpus=1, dashboard=True, record=Path(sys.argv[1]))
+print(json.dumps({"dashboard_url": cluster.dashboard_url}), flush=True)
+sys.stdin.read()  # until the test kills this driver
+"""
+
+
+def _logs_answer(dashboard_url: str, token: str) -> tuple:
+    """The dashboard lists the node's log files and serves one (what its log pages show).
+
+    A node's agent announces itself to the dashboard a few seconds after the node starts.
+    """
+    deadline = time.monotonic() + 60
+    while True:
+        listed = _http_get(f"{dashboard_url}/api/v0/logs?node_ip=127.0.0.1", token)
+        served = _http_get(f"{dashboard_url}/api/v0/logs/file?node_ip=127.0.0.1"
+                           "&filename=raylet.out&lines=5", token)
+        if (listed[0] == 200 and "raylet.out" in listed[1] and served[0] == 200 and served[1]) \
+                or time.monotonic() > deadline:
+            return listed[0], served[0], "raylet.out" in listed[1], bool(served[1])
+        time.sleep(0.5)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_two_instances_and_a_killed_driver_leaves_nothing(local, tmp_path: Path) -> None:
+    import ray
+
+    record = tmp_path / "run" / "ray-instance.json"
+    driver = subprocess.Popen([sys.executable, "-c", SECOND_DRIVER, str(record)], cwd=ROOT, env=ENV,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=open(tmp_path / "driver.log", "w"), text=True)  # noqa: SIM115
+    try:
+        line = driver.stdout.readline()
+        assert line, (tmp_path / "driver.log").read_text()[-2000:]
+        other = json.loads(line)["dashboard_url"]
+        assert other != local.dashboard_url
+        token = _token()
+        for url in (local.dashboard_url, other):  # both dashboards, their log pages included
+            assert _http_get(f"{url}/api/version", token)[0] == 200
+            assert _logs_answer(url, token) == (200, 200, True, True), url
+        saved = json.loads(record.read_text())
+        assert saved["processes"] and saved["session_dir"].startswith(saved["temp_dir"])
+    finally:
+        driver.kill()  # SIGKILL: no cleanup of its own
+        driver.wait()
+    # The worst case: the launcher dies too (alone, it stops the instance when the driver dies),
+    # so Ray's agents are left running.
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(saved["launcher"]["pid"], signal.SIGKILL)
+    assert ray_adapter.stop_recorded_instance(record)
+    assert not processes.family(saved["marker"], Path(saved["temp_dir"]))
+    assert not record.exists() and not Path(saved["temp_dir"]).exists()
+
+    @ray.remote
+    def alive() -> bool:
+        return True
+
+    assert ray.get(alive.remote())  # this module's instance was not touched
