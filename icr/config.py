@@ -18,7 +18,8 @@ import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from pathlib import Path
+from typing import Any
 
 from icr.errors import ConfigError
 
@@ -30,16 +31,43 @@ def _field(
     help: str,
     *,
     choices: tuple[Scalar, ...] | None = None,
+    registry: str | None = None,
+    many: bool = False,
     low: float | None = None,
     high: float | None = None,
+    path: tuple[str, ...] | None = None,
 ) -> Any:
-    meta = {"help": help, "choices": choices, "low": low, "high": high}
+    """A config field: its default, help line and domain.
+
+    ``registry`` ("module:NAME") makes the allowed values the names registered there (read when
+    first needed, so a new component needs no edit here); ``many`` allows a comma-separated list
+    of them ('' = none). ``path`` marks a local file or folder: the value must exist unless it is
+    '' or one of the names listed (e.g. a bundled model), which :func:`check_paths` verifies on
+    the driver before anything starts.
+    """
+    meta = {"help": help, "choices": choices, "registry": registry, "many": many, "low": low,
+            "high": high, "path": path}
     return dataclasses.field(default=default, metadata=meta)
+
+
+_REG = {
+    "task": "icr.train.tasks:TASKS",
+    "dataset": "icr.data.datasets:DATASETS",
+    "image": "icr.models.image:IMAGE_ENCODERS",
+    "text": "icr.models.text:TEXT_ENCODERS",
+    "pooling": "icr.models.pooling:POOLINGS",
+    "loss": "icr.losses.contrastive:LOSSES",
+    "decoder": "icr.models.decoders:DECODERS",
+    "objective": "icr.objectives:OBJECTIVES",
+    "analysis": "icr.analysis:ANALYSES",
+    "grounding_model": "icr.grounding.model:GROUNDING_MODELS",
+    "negatives": "icr.grounding.negatives:NEGATIVE_GENERATORS",
+}
 
 
 @dataclass(frozen=True)
 class TaskConfig:
-    name: str = _field("retrieval", "what is trained", choices=("retrieval",))
+    name: str = _field("retrieval", "what is trained", registry=_REG["task"])
 
 
 @dataclass(frozen=True)
@@ -47,7 +75,7 @@ class DataConfig:
     dataset: str = _field(
         "shapes",
         "shapes = embedded benchmark; karpathy = split JSON + images; precomp = SCAN/BUTD folder",
-        choices=("shapes", "karpathy", "precomp"),
+        registry=_REG["dataset"],
     )
     features: str = _field(
         "pixels", "image input: pixels (CNN) or regions (precomputed region features)",
@@ -56,22 +84,35 @@ class DataConfig:
     preset: str = _field("default", "embedded benchmark size", choices=("tiny", "small", "default"))
     seed: int = _field(0, "embedded benchmark generation seed", low=0)
     root: str = _field("", "dataset folder; '' = <workspace>/data/shapes-<preset>-<seed>")
-    karpathy_json: str = _field("", "Karpathy split JSON (dataset=karpathy)")
-    image_root: str = _field("", "image folder of the Karpathy JSON (dataset=karpathy)")
-    precomp_dir: str = _field("", "SCAN/BUTD folder with {split}_ims.npy ('' = the benchmark's own)")
-    cxc_val: str = _field("", "CxC sits CSV for validation ('' = the benchmark's own, if any)")
-    cxc_test: str = _field("", "CxC sits CSV for test ('' = the benchmark's own, if any)")
+    karpathy_json: str = _field("", "Karpathy split JSON (dataset=karpathy)", path=())
+    image_root: str = _field("", "image folder of the Karpathy JSON (dataset=karpathy)", path=())
+    precomp_dir: str = _field("", "SCAN/BUTD folder with {split}_ims.npy ('' = the benchmark's own)",
+                              path=())
+    cxc_val: str = _field("", "CxC sits CSV for validation ('' = the benchmark's own, if any)",
+                          path=())
+    cxc_test: str = _field("", "CxC sits CSV for test ('' = the benchmark's own, if any)", path=())
     cxc_min_score: float = _field(3.0, "CxC agg_score at or above which a pair is positive", low=0, high=5)
-    relevance: str = _field("rouge", "nDCG relevance: rouge, none, or a path to an .npy matrix")
+    relevance: str = _field(
+        "auto", "nDCG relevance: auto (the dataset's semantic matrix, else rouge), semantic, "
+        "rouge, none, or a path to an .npy matrix", path=("auto", "semantic", "rouge", "none")
+    )
     image_size: int = _field(64, "images are resized to this square size", low=16)
     num_workers: int = _field(0, "DataLoader worker processes", low=0)
 
 
 @dataclass(frozen=True)
 class TextConfig:
-    glove: str = _field("glove-6b-50d", "word vectors: glove-6b-50d (bundled), a GloVe file, or none")
+    encoder: str = _field("gru", "caption encoder", registry=_REG["text"])
+    glove: str = _field("glove-6b-50d", "word vectors: glove-6b-50d (bundled), a GloVe file, or none",
+                        path=("glove-6b-50d", "none"))
     word_dim: int = _field(50, "word embedding size (must match the GloVe file)", low=1)
-    hidden_dim: int = _field(512, "GRU units per direction", low=1)
+    hidden_dim: int = _field(512, "GRU units per direction; the token size of gru_tokens/bert", low=1)
+    bidirectional: bool = _field(True, "GRU reads both directions (VSE++: false)")
+    pooling: str = _field("max", "pooling of the token encoders (gru_tokens, bert)",
+                          registry=_REG["pooling"])
+    bert_path: str = _field("", "BERT-architecture model folder ('' = the bundled MiniLM)", path=())
+    bert_lr_factor: float = _field(0.1, "the transformer's lr = optim.lr x this (VSE+2AD: 0.1)",
+                                   low=0)
     vocab_min_count: int = _field(1, "training-split count a word needs to enter the vocabulary", low=1)
     max_len: int = _field(40, "captions are cut to this many tokens", low=2)
     unk_prob: float = _field(0.1, "augmentation: probability a token becomes <unk>", low=0, high=1)
@@ -81,13 +122,18 @@ class TextConfig:
 @dataclass(frozen=True)
 class ImageConfig:
     encoder: str = _field(
-        "small_cnn", "image encoder (regions needs data.features=regions)",
-        choices=("small_cnn", "resnet18", "resnet50", "regions"),
+        "small_cnn", "image encoder (region encoders need data.features=regions)",
+        registry=_REG["image"],
     )
-    hidden_dim: int = _field(512, "regions encoder: MLP hidden size", low=1)
+    hidden_dim: int = _field(512, "region encoders: MLP hidden size", low=1)
+    pooling: str = _field("max", "pooling of the token encoders (region_tokens)",
+                          registry=_REG["pooling"])
+    gcn_layers: int = _field(4, "VSRN: graph reasoning layers over the regions", low=0)
     output_dim: int = _field(256, "small_cnn / regions: size of the image vector", low=1)
     pretrained: bool = _field(False, "load ImageNet weights from a local file or the torch cache")
-    weights_path: str = _field("", "local weights file for a pretrained backbone")
+    frozen: bool = _field(False, "keep the image backbone frozen for the whole run (VSE++: only "
+                          "its projection trains; its features are then computed once)")
+    weights_path: str = _field("", "local weights file for a pretrained backbone", path=())
     random_erasing: float = _field(0.2, "probability of random erasing on training images", low=0, high=1)
 
 
@@ -95,13 +141,14 @@ class ImageConfig:
 class ModelConfig:
     embed_dim: int = _field(1024, "joint embedding size", low=1)
     head_hidden: int = _field(0, "hidden size of the projection heads; 0 = one linear layer", low=0)
+    head_batchnorm: bool = _field(
+        False, "BatchNorm1d after each projection head (the PCME/LTD triplet baseline; VSRN)"
+    )
 
 
 @dataclass(frozen=True)
 class LossConfig:
-    name: str = _field(
-        "infonce", "contrastive loss L_con", choices=("infonce", "triplet", "triplet_all")
-    )
+    name: str = _field("infonce", "contrastive loss L_con", registry=_REG["loss"])
     tau: float = _field(0.05, "InfoNCE temperature (LTD paper Eq. 1)", low=1e-4, high=10)
     margin: float = _field(0.2, "triplet margin alpha", low=0, high=10)
 
@@ -109,10 +156,12 @@ class LossConfig:
 @dataclass(frozen=True)
 class DecoderConfig:
     name: str = _field("none", "reconstruction: none, ltd (latent target) or itd (input tokens)",
-                       choices=("none", "ltd", "itd"))
+                       registry=_REG["decoder"])
     hidden_dim: int = _field(1024, "LTD MLP / ITD GRU hidden size", low=1)
     target_model: str = _field(
-        "all-MiniLM-L6-v2", "sentence-transformers model (name or local path) for LTD targets"
+        "all-MiniLM-L6-v2", "sentence-transformers model for LTD targets: the bundled "
+        "all-MiniLM-L6-v2 or a local folder",
+        path=("all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2")
     )
     word_dim: int = _field(300, "ITD decoder word embedding size", low=1)
 
@@ -120,7 +169,7 @@ class DecoderConfig:
 @dataclass(frozen=True)
 class ObjectiveConfig:
     name: str = _field("contrastive", "Eq. 1 / Eq. 7 (dual) / Eq. 9 (lagrangian)",
-                       choices=("contrastive", "dual", "lagrangian"))
+                       registry=_REG["objective"])
     beta: float = _field(1.0, "dual-loss weight of L_rec (Eq. 7)", low=0)
     eta: float = _field(0.15, "bound on L_rec of the constraint (Eq. 8)", low=1e-6)
     lambda_init: float = _field(1.0, "initial Lagrange multiplier", low=0)
@@ -128,6 +177,28 @@ class ObjectiveConfig:
     lambda_lr: float = _field(5e-3, "SGD ascent learning rate of the multiplier", low=0)
     lambda_momentum: float = _field(0.9, "SGD momentum of the multiplier", low=0, high=1)
     lambda_dampening: float = _field(0.9, "SGD dampening of the multiplier", low=0, high=1)
+
+
+@dataclass(frozen=True)
+class GroundingConfig:
+    model: str = _field("word_region", "phrase grounding model", registry=_REG["grounding_model"])
+    word_model: str = _field(
+        "all-MiniLM-L6-v2", "frozen encoder of the caption words: the bundled MiniLM or a folder",
+        path=("all-MiniLM-L6-v2",),
+    )
+    word_pooling: str = _field("pieces", "a word's features: its word pieces, or their mean",
+                               choices=("pieces", "mean"))
+    max_words: int = _field(6, "nouns and adjectives used per training caption", low=1)
+    max_regions: int = _field(0, "regions per image (0 = all)", low=0)
+    key_dim: int = _field(384, "size of the word and region keys and values", low=1)
+    negatives: str = _field("context", "negative captions of L_lang (none: L_img only)",
+                            registry=_REG["negatives"])
+    num_negatives: int = _field(25, "substitutes per masked noun kept for L_lang", low=1)
+    mlm_candidates: int = _field(30, "the masked LM's proposals before re-ranking", low=1)
+    mlm_path: str = _field("", "masked LM folder ('' = train a head on the training captions)",
+                           path=())
+    img_weight: float = _field(1.0, "weight of L_img", low=0)
+    lang_weight: float = _field(1.0, "weight of L_lang", low=0)
 
 
 @dataclass(frozen=True)
@@ -142,7 +213,13 @@ class OptimConfig:
 @dataclass(frozen=True)
 class TrainConfig:
     seed: int = _field(0, "seed of weights, sampling and augmentation", low=0)
-    batch_size: int = _field(128, "image-caption pairs per batch", low=2)
+    batch_size: int = _field(128, "pairs per batch (images per batch with train.sampler=images)",
+                             low=2)
+    sampler: str = _field("pairs", "batches of image-caption pairs, or of whole images with all "
+                          "their captions (SmoothAP)", choices=("pairs", "images"))
+    epoch_unit: str = _field("captions", "an epoch passes over every caption, or every image, once",
+                             choices=("captions", "images"))
+    live_cocos: bool = _field(False, "record the loss's COCOS counts in the trajectory (cheap)")
     warmup_epochs: int = _field(3, "epochs with the backbone and word embeddings frozen", low=0)
     finetune_epochs: int = _field(3, "epochs with everything trained at lr x finetune_lr_factor",
                                   low=0)
@@ -160,6 +237,10 @@ class TrainConfig:
 class EvalConfig:
     batch_size: int = _field(256, "encoding batch size at evaluation", low=1)
     test: bool = _field(True, "evaluate the best checkpoint on test once, at the end")
+    analyses: str = _field(
+        "", "analyses of the best checkpoint after training, comma-separated ('' = none)",
+        registry=_REG["analysis"], many=True,
+    )
 
 
 @dataclass(frozen=True)
@@ -172,6 +253,7 @@ class ExperimentConfig:
     loss: LossConfig = dataclasses.field(default_factory=LossConfig)
     decoder: DecoderConfig = dataclasses.field(default_factory=DecoderConfig)
     objective: ObjectiveConfig = dataclasses.field(default_factory=ObjectiveConfig)
+    grounding: GroundingConfig = dataclasses.field(default_factory=GroundingConfig)
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
@@ -179,9 +261,6 @@ class ExperimentConfig:
     @property
     def epochs(self) -> int:
         return self.train.warmup_epochs + self.train.finetune_epochs
-
-
-C = TypeVar("C")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -196,13 +275,26 @@ class KeySpec:
     type: type
     default: Scalar
     help: str
-    choices: tuple[Scalar, ...] | None
+    fixed_choices: tuple[Scalar, ...] | None
+    registry: str | None  # "module:NAME" of the registry whose names are the choices
+    many: bool  # a comma-separated list of choices
     low: float | None
     high: float | None
+    path: tuple[str, ...] | None  # a local file or folder, unless '' or one of these names
+
+    @property
+    def choices(self) -> tuple[Scalar, ...] | None:
+        """The allowed values (a registry's names are read when first asked for)."""
+        if self.registry is not None:
+            from icr.registry import resolve
+
+            return tuple(resolve(self.registry).names())
+        return self.fixed_choices
 
     def describe(self) -> str:
-        if self.choices:
-            return "one of " + ", ".join(map(str, self.choices))
+        if self.choices is not None:
+            text = "one of " + ", ".join(map(str, self.choices))
+            return f"a comma-separated list of {text[7:]} ('' = none)" if self.many else text
         kind = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
         text = kind[self.type]
         if self.low is not None and self.high is not None:
@@ -229,7 +321,8 @@ def key_specs(cls: type = ExperimentConfig) -> dict[str, KeySpec]:
             meta = f.metadata
             specs[key] = KeySpec(
                 key, _resolved_type(section_cls, f.name), f.default, meta["help"],
-                meta["choices"], meta["low"], meta["high"],
+                meta["choices"], meta["registry"], meta["many"], meta["low"], meta["high"],
+                meta["path"],
             )
     return specs
 
@@ -273,8 +366,13 @@ def parse_value(key: str, raw: Any) -> Scalar:
         hint = f"; did you mean {', '.join(close)}?" if close else "; see `python -m studies.run --keys`"
         raise ConfigError(f"unknown config key {key!r}{hint}")
     value = _coerce(spec, raw)
-    if spec.choices is not None and value not in spec.choices:
-        raise ConfigError(f"{key}={raw!r} is not allowed; {key} is {spec.describe()}")
+    choices = spec.choices
+    if choices is not None:
+        items = split_list(value) if spec.many else [value]
+        if any(item not in choices for item in items):
+            raise ConfigError(f"{key}={raw!r} is not allowed; {key} is {spec.describe()}")
+        if spec.many:
+            value = ",".join(items)
     numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
     too_low = numeric and spec.low is not None and value < spec.low
     too_high = numeric and spec.high is not None and value > spec.high
@@ -317,6 +415,56 @@ def _coerce(spec: KeySpec, raw: Any) -> Scalar:
     if not isinstance(raw, str):
         raise bad
     return raw
+
+
+def split_list(value: Scalar) -> list[str]:
+    """The items of a comma-separated list value (``eval.analyses``); '' is the empty list."""
+    return [item.strip() for item in str(value).split(",") if item.strip()]
+
+
+def used_keys(config: ExperimentConfig) -> list[str]:
+    """The dotted keys this configuration depends on, in vocabulary order.
+
+    A key that some registered component reads (its builder takes it, or it is registered with
+    ``reads=``) is used only when a chosen component reads it: ``loss.tau`` by ``loss.name=infonce``,
+    not by ``triplet``; ``objective.eta`` only by ``objective.name=lagrangian``. A component may claim
+    a whole section (``reads=("grounding.*",)``): the section is then used only when it is chosen.
+    The choice keys themselves follow the same rule, so the chain task -> encoder -> pooling
+    resolves to a fixed point. MLflow records exactly these keys; the report compares runs on them.
+    """
+    from icr.registry import resolve
+
+    flat = to_flat(config)
+    registries = {k: resolve(s.registry) for k, s in _SPECS.items() if s.registry}
+    reads = {(k, n): set(r.reads(n)) for k, r in registries.items() for n in r.names()}
+    owned = {key for keys in reads.values() for key in keys if not key.endswith(".*")}
+    claimed = {key[:-2] for keys in reads.values() for key in keys if key.endswith(".*")}
+    chosen: set[tuple[str, str]] = set()
+    while True:
+        wanted = set().union(*(reads[c] for c in chosen)) if chosen else set()
+        sections = {k.split(".")[0] for k in _SPECS} - claimed | {
+            key[:-2] for key in wanted if key.endswith(".*")
+        }
+        active = [k for k in _SPECS
+                  if k.split(".")[0] in sections and (k not in owned or k in wanted)]
+        now = {(k, n) for k in active if k in registries
+               for n in (split_list(flat[k]) if _SPECS[k].many else [flat[k]])}
+        if now == chosen:
+            return active
+        chosen = now
+
+
+def check_paths(config: ExperimentConfig) -> None:
+    """Every local file or folder the configuration uses exists; ConfigError naming the first
+    key that names a missing one (checked on the driver, before anything starts)."""
+    flat = to_flat(config)
+    for key in used_keys(config):
+        spec, value = _SPECS[key], flat[key]
+        if spec.path is None or value == "" or value in spec.path:
+            continue
+        if not Path(str(value)).expanduser().exists():
+            named = f" or one of {', '.join(spec.path)}" if spec.path else ""
+            raise ConfigError(f"{key}={value}: no such file or folder; give a local path{named}")
 
 
 def parse_overrides(items: list[str]) -> dict[str, str]:

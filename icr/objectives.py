@@ -28,7 +28,7 @@ from icr.registry import Registry
 
 logger = logging.getLogger(__name__)
 
-OBJECTIVES: Registry = Registry("objective")
+OBJECTIVES: Registry = Registry("objective", section="objective")
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,10 @@ class Objective(abc.ABC):
 
     def step(self) -> None:  # noqa: B027 - most objectives have no parameters of their own
         """Update the objective's own parameters after the model's optimiser step."""
+
+    def metrics(self) -> dict[str, float]:
+        """The objective's own state worth recording after an epoch (e.g. the multiplier)."""
+        return {}
 
     def state_dict(self) -> dict[str, Any]:
         return {}
@@ -218,6 +222,9 @@ class Lagrangian(Objective):
     def lambda_value(self) -> float:
         return float(self.multiplier.value.detach())
 
+    def metrics(self) -> dict[str, float]:
+        return {"lambda": self.lambda_value}
+
     def __call__(self, l_con: Tensor, l_rec: Tensor | None = None) -> ObjectiveOutput:
         l_rec = self._require_rec(l_rec)
         violation = l_rec / self.eta - 1.0  # ()
@@ -246,25 +253,21 @@ class Lagrangian(Objective):
 
 
 @OBJECTIVES.register("contrastive")
-def _build_contrastive(section: Any) -> Contrastive:
+def _build_contrastive() -> Contrastive:
     return Contrastive()
 
 
 @OBJECTIVES.register("dual")
-def _build_dual(section: Any) -> Dual:
-    return Dual(beta=section.beta)
+def _build_dual(*, beta: float) -> Dual:
+    return Dual(beta=beta)
 
 
 @OBJECTIVES.register("lagrangian")
-def _build_lagrangian(section: Any) -> Lagrangian:
-    return Lagrangian(
-        eta=section.eta,
-        init=section.lambda_init,
-        max_value=section.lambda_max,
-        lr=section.lambda_lr,
-        momentum=section.lambda_momentum,
-        dampening=section.lambda_dampening,
-    )
+def _build_lagrangian(
+    *, eta: float, lambda_init: float, lambda_max: float, lambda_lr: float,
+    lambda_momentum: float, lambda_dampening: float,
+) -> Lagrangian:
+    return Lagrangian(eta, lambda_init, lambda_max, lambda_lr, lambda_momentum, lambda_dampening)
 
 
 def build_objective(section: Any) -> Objective:
@@ -273,4 +276,4 @@ def build_objective(section: Any) -> Objective:
     Raises:
         ConfigError: unknown name (listing the valid ones) or an invalid value.
     """
-    return OBJECTIVES.get(section.name)(section)
+    return OBJECTIVES.build(section.name, section)

@@ -2,12 +2,24 @@
 
 Registries are filled at import time with a decorator; an unknown name raises a
 :class:`~icr.errors.ConfigError` listing the valid names, and registering a name twice raises.
+
+A registry may be tied to a package: listing or looking up its names first imports every module of
+that package, so a new component is one new module with its ``@REGISTRY.register(...)`` line and
+nothing else. A registry may also be tied to a config section: :meth:`Registry.build` fills the
+builder's keyword parameters that are fields of that section from the section, and
+:meth:`Registry.reads` names them as dotted keys. Which config keys a configuration uses is derived
+from that (:func:`icr.config.used_keys`): ``loss.tau`` is used by a trial whose ``loss.name`` reads
+it, not by a triplet trial.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
+import inspect
+import pkgutil
 from collections.abc import Callable, Iterator
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from icr.errors import ConfigError
 
@@ -15,24 +27,61 @@ T = TypeVar("T", bound=Callable)
 
 
 class Registry(Generic[T]):
-    """Maps names to builders (functions or classes)."""
+    """Maps names to builders (functions or classes).
 
-    def __init__(self, kind: str) -> None:
+    Args:
+        kind: what is registered, for messages ("contrastive loss").
+        section: the config section whose fields the builders take as keyword arguments.
+        package: dotted package(s) whose modules are imported before names are looked up.
+    """
+
+    def __init__(
+        self, kind: str, *, section: str | None = None, package: str | tuple[str, ...] | None = None
+    ) -> None:
         self.kind = kind
+        self.section = section
+        self.packages = (package,) if isinstance(package, str) else tuple(package or ())
         self._items: dict[str, T] = {}
+        self._extra_reads: dict[str, tuple[str, ...]] = {}
+        self._meta: dict[str, dict[str, Any]] = {}
+        self._discovered = not self.packages
 
-    def register(self, name: str) -> Callable[[T], T]:
-        """Decorator registering ``fn`` under ``name``."""
+    def register(self, name: str, *, reads: tuple[str, ...] = (), **meta: Any) -> Callable[[T], T]:
+        """Decorator registering ``fn`` under ``name``.
+
+        ``reads`` names dotted config keys the component depends on beyond its builder's
+        parameters (e.g. ``text.glove`` for a caption encoder whose word vectors the data pipeline
+        loads). ``meta`` holds what others must know before building it (e.g. ``input="regions"``
+        for an image encoder that reads region features): :meth:`meta`.
+        """
 
         def decorator(fn: T) -> T:
             if name in self._items:
                 raise ValueError(f"{self.kind} {name!r} is registered twice")
             self._items[name] = fn
+            self._extra_reads[name] = tuple(reads)
+            self._meta[name] = dict(meta)
             return fn
 
         return decorator
 
+    def meta(self, name: str) -> dict[str, Any]:
+        """What ``name`` was registered with beyond its builder (see :meth:`register`)."""
+        self.get(name)
+        return self._meta[name]
+
+    def _discover(self) -> None:
+        if self._discovered:
+            return
+        self._discovered = True
+        for name in self.packages:
+            package = importlib.import_module(name)
+            for module in pkgutil.iter_modules(package.__path__):
+                if not module.name.startswith("_"):
+                    importlib.import_module(f"{name}.{module.name}")
+
     def get(self, name: str) -> T:
+        self._discover()
         try:
             return self._items[name]
         except KeyError:
@@ -40,13 +89,57 @@ class Registry(Generic[T]):
             raise ConfigError(f"unknown {self.kind} {name!r}; valid: {valid}") from None
 
     def names(self) -> list[str]:
+        self._discover()
         return sorted(self._items)
 
+    def options(self, name: str) -> list[str]:
+        """The builder's keyword parameters that are fields of the registry's config section."""
+        if self.section is None:
+            return []
+        fields = _section_fields(self.section)
+        params = inspect.signature(self.get(name)).parameters
+        return [p for p in params if p in fields]
+
+    def reads(self, name: str) -> tuple[str, ...]:
+        """Dotted config keys the component ``name`` depends on."""
+        own = tuple(f"{self.section}.{p}" for p in self.options(name))
+        return own + self._extra_reads[name]
+
+    def build(self, name: str, section: Any = None, /, **context: Any) -> Any:
+        """Call the builder of ``name`` with its options from ``section`` and the ``context``.
+
+        ``context`` supplies what the config does not hold (sizes of the data, the vocabulary);
+        it takes precedence over a section field of the same name.
+        """
+        builder = self.get(name)
+        options = {p: getattr(section, p) for p in self.options(name) if p not in context}
+        accepted = inspect.signature(builder).parameters
+        takes_any = any(p.kind is p.VAR_KEYWORD for p in accepted.values())
+        unknown = sorted(k for k in context if k not in accepted and not takes_any)
+        if unknown:
+            raise TypeError(f"{self.kind} {name!r} takes no argument {unknown[0]!r}")
+        return builder(**options, **context)
+
     def __contains__(self, name: object) -> bool:
+        self._discover()
         return name in self._items
 
     def __iter__(self) -> Iterator[str]:
-        return iter(sorted(self._items))
+        return iter(self.names())
 
     def __len__(self) -> int:
+        self._discover()
         return len(self._items)
+
+
+def _section_fields(section: str) -> set[str]:
+    from icr.config import ExperimentConfig
+
+    section_type = {f.name: f for f in dataclasses.fields(ExperimentConfig)}[section]
+    return {f.name for f in dataclasses.fields(section_type.default_factory())}
+
+
+def resolve(path: str) -> Registry:
+    """The registry at ``"package.module:NAME"`` (imported on first use)."""
+    module, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module), attr)

@@ -22,10 +22,13 @@ def derive_seed(*parts: int) -> int:
 
 
 def rng_state() -> dict[str, Any]:
-    """Every global RNG state, for a checkpoint."""
+    """Every global RNG state, for a checkpoint: tensors, numbers and tuples only, so that it
+    loads with ``torch.load(weights_only=True)``."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
     state: dict[str, Any] = {
         "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss),
+                  float(gauss)),
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():
@@ -35,7 +38,8 @@ def rng_state() -> dict[str, Any]:
 
 def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])

@@ -1,32 +1,42 @@
-"""What a study is, and the registry of studies by name (DESIGN.md, "A study").
+"""What a study is, and the studies by name (DESIGN.md, "A study").
 
 A study is a base config (flat overrides), a search-space file, the conditions it compares (the
-rows of its table, each a set of fixed overrides), the metric and mode, the ASHA parameters, a
-budget of trials per condition and the number of fresh seeds of the confirmation runs. Study
-modules (``studies/ltd_bound.py``, ...) each define ``STUDY = Study(...)``; this module lists them.
+rows of its tables, each a set of fixed overrides), the metric and mode, the ASHA parameters, a
+budget of trials per condition, the searcher's quasi-random start, the number of fresh seeds of the
+confirmation runs, and what its report holds: tables (:mod:`studies.tables`), figures
+(:mod:`studies.figures`) and analyses (run in each confirmation run on its best checkpoint, see
+:mod:`icr.analysis`). Each ``studies/<name>.py`` defines ``STUDY = Study(...)``; this module finds
+them, so a new paper's study is one new module.
 """
 
 from __future__ import annotations
 
 import difflib
 import importlib
+import pkgutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from icr.config import Scalar
 from icr.errors import ConfigError
-
-Scalar = bool | int | float | str
+from studies.figures import Figure
+from studies.tables import Column, Table
 
 SEARCH_SPACES = Path(__file__).resolve().parent.parent / "search_spaces"
 
-# The study modules, in the order ``--list`` shows them.
-STUDY_MODULES = ("ltd_bound", "ltd_itd", "ltd_triplet")
+# The table a study gets when it declares none: test retrieval, both directions, rsum.
+RETRIEVAL_TABLE = Table(
+    "retrieval", "Retrieval on the test split",
+    tuple(Column(f"test_{d}_R_at_{k}", f"R@{k}", d) for d in ("i2t", "t2i") for k in (1, 5, 10))
+    + (Column("test_rsum", "rsum"),),
+    caption="best-validation checkpoint of each confirmation run; R@k in %",
+)
 
 
 @dataclass(frozen=True)
 class Condition:
-    """One row of the study's table: fixed overrides on top of the study's base config."""
+    """One row of the study's tables: fixed overrides on top of the study's base config."""
 
     name: str
     label: str  # the row label of the paper table, e.g. "BL + LTD, L_lag"
@@ -47,9 +57,14 @@ class Study:
     grace_period: int = 1  # ASHA: epochs every trial runs before it can be stopped
     reduction_factor: int = 2  # ASHA: 1/rf of the trials at a rung go on
     budget: int = 8  # trials per condition (each condition gets the same budget)
+    startup_trials: int = 4  # quasi-random trials before TPE takes over (per condition)
     seeds: int = 3  # fresh seeds of the confirmation runs
-    searcher_seed: int = 0  # seed of Optuna's TPE sampler
+    searcher_seed: int = 0  # seed of the searcher
     max_failures: int = 1  # retries of a failed trial (from its last checkpoint)
+    tables: tuple[Table, ...] = (RETRIEVAL_TABLE,)
+    figures: tuple[Figure, ...] = ()
+    analyses: tuple[str, ...] = ()  # icr.analysis names, run in every confirmation run
+    ensemble: bool = False  # the report adds a row: the best condition's seeds as one ensemble
     smoke: Mapping[str, Scalar] = field(default_factory=dict)  # overrides of --smoke
     smoke_budget: int = 2
     smoke_seeds: int = 2
@@ -61,6 +76,10 @@ class Study:
             raise ValueError(f"study {self.name}: condition names must be unique and non-empty")
         if self.mode not in ("min", "max"):
             raise ValueError(f"study {self.name}: mode must be min or max")
+        for table in self.tables:
+            if table.baseline is not None and table.baseline not in names:
+                raise ValueError(f"study {self.name}: table {table.name} baseline "
+                                 f"{table.baseline!r} is not a condition")
 
     @property
     def space_path(self) -> Path:
@@ -76,21 +95,25 @@ class Study:
 
 
 def all_studies() -> dict[str, Study]:
-    """Every registered study by name (imports the study modules)."""
-    studies: dict[str, Study] = {}
-    for module in STUDY_MODULES:
-        study = importlib.import_module(f"studies.{module}").STUDY
-        if study.name in studies:
-            raise ValueError(f"study {study.name!r} is registered twice")
-        studies[study.name] = study
-    return studies
+    """Every study of the ``studies`` package by name (each module defining ``STUDY``)."""
+    import studies
+
+    found: dict[str, Study] = {}
+    for module in sorted(m.name for m in pkgutil.iter_modules(studies.__path__)):
+        study = getattr(importlib.import_module(f"studies.{module}"), "STUDY", None)
+        if not isinstance(study, Study):
+            continue
+        if study.name in found:
+            raise ValueError(f"study {study.name!r} is defined twice")
+        found[study.name] = study
+    return found
 
 
 def get_study(name: str, extra: Mapping[str, Study] | None = None) -> Study:
     """The study called ``name``; ConfigError listing the known ones otherwise."""
-    studies = {**all_studies(), **(extra or {})}
-    if name in studies:
-        return studies[name]
-    close = difflib.get_close_matches(name, studies, n=1)
+    known = {**all_studies(), **(extra or {})}
+    if name in known:
+        return known[name]
+    close = difflib.get_close_matches(name, known, n=1)
     hint = f"did you mean {close[0]}? " if close else ""
-    raise ConfigError(f"unknown study {name!r}; {hint}known studies: {', '.join(studies)}")
+    raise ConfigError(f"unknown study {name!r}; {hint}known studies: {', '.join(known)}")

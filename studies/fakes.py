@@ -2,15 +2,15 @@
 
 It does no learning: the validation rsum is a smooth function of the config (best at
 eta = 0.17, better with the epoch, a little seed noise), lambda and L_rec follow the shape of the
-LTD paper's Figure 3, a ``trajectory.csv`` and a state file are written to the epoch's checkpoint
-directory, ``resume_from`` continues after the checkpoint's epoch, and chosen configs raise
-``TrainingError`` (the non-finite-loss error of the real fit) at a chosen epoch. It lives in the
-package (not in tests/) so Ray workers can import it.
+LTD paper's Figure 3, each epoch is one :class:`~icr.train.EpochReport` with its trajectory rows
+and a checkpoint folder (a JSON state), ``resume_from`` continues after the checkpoint's epoch,
+and chosen configs raise ``TrainingError`` (the non-finite-loss error of the real fit) at a chosen
+epoch. ``tests/test_seam.py`` holds this fake and the real ``fit`` to the same assertions. It lives
+in the package (not in tests/) so Ray workers can import it.
 """
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import os
@@ -22,18 +22,10 @@ from typing import Any
 
 from icr.config import ExperimentConfig, to_flat
 from icr.errors import TrainingError
+from icr.train.seam import EpochReport, FitResult
 
 STEPS_PER_EPOCH = 20
 TRAJECTORY_EVERY = 5
-
-
-@dataclass
-class FakeFitResult:
-    best_epoch: int
-    best_val: dict[str, float]
-    test: dict[str, float] | None
-    history: list[dict[str, float]]
-    checkpoint_dir: Path
 
 
 @dataclass(frozen=True)
@@ -58,63 +50,72 @@ class FakeFit:
     def __call__(
         self, config: ExperimentConfig, reporter: Any = None, resume_from: Path | str | None = None,
         *, workspace: Any = None, run_dir: Path | str | None = None, progress: bool = False,
-    ) -> FakeFitResult:
+    ) -> FitResult:
         flat = to_flat(config)
         root = Path(run_dir) if run_dir else Path(f"/tmp/fake-fit-{os.getpid()}")
         checkpoint = root / "checkpoint"
         checkpoint.mkdir(parents=True, exist_ok=True)
-        start, rows, history = 0, [], []
+        start, history, trajectory = 0, [], []
         if resume_from is not None:
             state = json.loads((Path(resume_from) / "state.json").read_text())
-            start, history = state["epoch"], state["history"]
-            rows = _read_rows(Path(resume_from) / "trajectory.csv")
+            start, history, trajectory = state["epoch"], state["history"], state["trajectory"]
         record = self._record_start(root, start)
         failing = any(flat.get(k) == v for k, v in self.fail_on)
         for epoch in range(start, config.epochs):
             if failing and epoch + 1 == self.fail_epoch:
                 raise TrainingError(f"non-finite loss at epoch {epoch + 1} (fake)")
             time.sleep(self.epoch_seconds)
-            metrics = self._epoch(flat, epoch, rows)
-            if epoch + 1 == config.epochs and config.eval.test:
+            metrics, rows = self._epoch(flat, epoch)
+            best = max([h["val_rsum"] for h in history] + [metrics["val_rsum"]])
+            metrics["best_val_rsum"] = best
+            metrics["best_epoch"] = next(
+                (h["epoch"] for h in history if h["val_rsum"] == best), metrics["epoch"])
+            final = epoch + 1 == config.epochs
+            if final and config.eval.test:
                 metrics.update({f"test_{k[4:]}": v - 3.0 for k, v in metrics.items()
                                 if k.startswith("val_")})
             history.append(metrics)
-            _write_rows(checkpoint / "trajectory.csv", rows)
-            (checkpoint / "state.json").write_text(json.dumps({"epoch": epoch + 1, "history": history}))
+            trajectory.extend(rows)
+            (checkpoint / "state.json").write_text(json.dumps(
+                {"epoch": epoch + 1, "history": history, "trajectory": trajectory}))
             self._record(record, epochs_run=epoch + 1 - start)
             if reporter is not None:
-                reporter(metrics, checkpoint)
+                reporter(EpochReport(epoch + 1, dict(metrics), tuple(rows), checkpoint, (), final))
         best = max(history, key=lambda h: h["val_rsum"]) if history else {"epoch": 0}
-        test = {k[5:]: v for k, v in history[-1].items() if k.startswith("test_")} if history else None
-        return FakeFitResult(int(best["epoch"]), {k[4:]: v for k, v in best.items() if k.startswith("val_")},
-                             test or None, history, checkpoint)
+        test = {k[5:]: v for k, v in history[-1].items() if k.startswith("test_")} if history else {}
+        return FitResult(int(best["epoch"]),
+                         {k[4:]: v for k, v in best.items() if k.startswith("val_")},
+                         test or None, history, trajectory, checkpoint)
 
-    def _epoch(self, flat: dict[str, Any], epoch: int, rows: list[dict[str, float]]) -> dict[str, float]:
+    def _epoch(self, flat: dict[str, Any], epoch: int) -> tuple[dict[str, float], list[dict]]:
         eta = float(flat["objective.eta"])
         lagrangian = flat["objective.name"] == "lagrangian"
+        reconstruction = flat["decoder.name"] != "none"
         quality = 300.0 - (4000.0 * (eta - 0.17) ** 2 if lagrangian else 20.0)
         noise = random.Random(flat["train.seed"] * 1000 + epoch).uniform(-1.0, 1.0)
         rsum = quality * (1.0 - math.exp(-(epoch + 1) / 2.0)) + noise
-        lam = 1.0
-        l_rec = 0.5
+        lam, rows = 1.0, []
         for s in range(STEPS_PER_EPOCH):
             step = epoch * STEPS_PER_EPOCH + s + 1
             l_rec = max(eta, 0.5 * math.exp(-step / 30.0)) if lagrangian else 0.5 * math.exp(-step / 30)
-            lam = min(100.0, max(0.0, 1.0 + 5.0 * (0.12 - eta) * step)) if lagrangian else 0.0
+            lam = min(100.0, max(0.0, 1.0 + 5.0 * (0.12 - eta) * step))
             if step % TRAJECTORY_EVERY == 0:
-                rows.append({"step": step, "epoch": epoch + 1, "loss": 2.0 / step ** 0.3,
-                             "L_con": 1.5 / step ** 0.3, "L_rec": l_rec, "lambda": lam})
+                row = {"step": step, "epoch": epoch + 1, "loss": 2.0 / step ** 0.3,
+                       "L_con": 1.5 / step ** 0.3}
+                row.update({"L_rec": l_rec} if reconstruction else {})
+                row.update({"lambda": lam} if lagrangian else {})
+                rows.append(row)
         metrics = {"epoch": epoch + 1, "val_rsum": rsum, "train_loss": 2.0 / (epoch + 1),
                    "train_L_con": 1.5 / (epoch + 1), "lr": 2e-4, "epoch_time_s": self.epoch_seconds}
         for k in (1, 5, 10):
             metrics[f"val_i2t_R_at_{k}"] = rsum / 6 * (0.6 + 0.04 * k)
             metrics[f"val_t2i_R_at_{k}"] = rsum / 6 * (0.5 + 0.04 * k)
         metrics.update({"val_i2t_rprec": rsum / 10, "val_t2i_nDCG_at_25": rsum / 5})
-        if flat["decoder.name"] != "none":
-            metrics["train_L_rec"] = l_rec
+        if reconstruction:
+            metrics["train_L_rec"] = rows[-1]["L_rec"]
         if lagrangian:
             metrics["lambda"] = lam
-        return metrics
+        return metrics, rows
 
     def _record_start(self, root: Path, start: int) -> Path | None:
         if not self.record_dir:
@@ -144,17 +145,3 @@ class FakeFit:
 
 def fake_prepare(config: ExperimentConfig, workspace: Any) -> str:
     return f"fake-{config.data.preset}-{config.data.seed}"
-
-
-def _read_rows(path: Path) -> list[dict[str, float]]:
-    if not path.is_file():
-        return []
-    with open(path, newline="") as f:
-        return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
-
-
-def _write_rows(path: Path, rows: list[dict[str, float]]) -> None:
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=("step", "epoch", "loss", "L_con", "L_rec", "lambda"))
-        writer.writeheader()
-        writer.writerows(rows)

@@ -11,6 +11,8 @@ benchmark so that the whole study runs in about 20 minutes on 2 CPU cores.
 from __future__ import annotations
 
 from studies.catalog import Condition, Study
+from studies.figures import Figure, metric_per_epoch, metric_vs_value, series_by_value
+from studies.tables import Column, Table
 
 # The training recipe of every trial on the embedded benchmark (search and confirmation).
 BASE = {
@@ -56,16 +58,49 @@ LAGRANGIAN = Condition(
     "lagrangian", "BL + LTD, L_lag", {"objective.name": "lagrangian", "decoder.name": "ltd"}
 )
 
+# LTD paper Table 1: R@1/5/10 and R-precision i2t, R@1/5/10 and nDCG@25 t2i, rsum.
+TABLE_1 = Table(
+    "table1", "LTD Table 1 on the embedded benchmark",
+    (*(Column(f"test_i2t_R_at_{k}", f"R@{k}", "i2t") for k in (1, 5, 10)),
+     Column("test_i2t_rprec", "R-P", "i2t"),
+     *(Column(f"test_t2i_R_at_{k}", f"R@{k}", "t2i") for k in (1, 5, 10)),
+     Column("test_t2i_nDCG_at_25", "nDCG@25", "t2i"),
+     Column("test_rsum", "rsum")),
+    baseline="contrastive",
+    caption="test split, best-validation checkpoint of each confirmation run; all values in %",
+)
+
+
+def figure_3(condition: str = "lagrangian") -> tuple[Figure, ...]:
+    """LTD paper Figure 3 from the search trials of ``condition``: lambda and L_rec per eta, the
+    best validation rsum against eta, and every run's validation rsum per epoch."""
+    return (
+        Figure("lambda_per_eta", "lambda during training, per eta (search trials)",
+               series_by_value("lambda", "objective.eta", condition, floor=1e-3,
+                               ylabel="lambda (log scale, 0 shown at 1e-3)"), log_y=True),
+        Figure("lrec_per_eta", "L_rec during training, per eta (dotted: the bound)",
+               series_by_value("L_rec", "objective.eta", condition, reference="dual")),
+        Figure("best_val_rsum_vs_eta", "best validation rsum against eta (search trials)",
+               metric_vs_value("val_rsum", "objective.eta", condition)),
+        Figure("val_rsum_per_epoch", "validation rsum per epoch", metric_per_epoch()),
+    )
+
+
 STUDY = Study(
     name="ltd_bound",
     description="LTD as a constraint (eta searched) vs as a dual loss vs the contrastive baseline",
     base=BASE,
     space_file="ltd_bound.yaml",
     conditions=(CONTRASTIVE, DUAL, LAGRANGIAN),
-    budget=4,
+    # Six Sobol points of eta (0.05, 0.175, 0.2375, 0.1125, 0.144, 0.269) cover the range for
+    # Figure 3, then TPE proposes two more.
+    budget=8,
+    startup_trials=6,
     seeds=3,
     grace_period=1,
     reduction_factor=2,
+    tables=(TABLE_1,),
+    figures=figure_3(),
     smoke=SMOKE,
     debug_condition="lagrangian",
 )

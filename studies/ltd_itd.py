@@ -8,7 +8,7 @@ ITD range 0.5 .. 6 (REFERENCE_NOTES section 1). The baseline row is shared with 
 from __future__ import annotations
 
 from studies.catalog import Condition, Study
-from studies.ltd_bound import BASE, CONTRASTIVE, SMOKE
+from studies.ltd_bound import BASE, CONTRASTIVE, SMOKE, TABLE_1, figure_3
 
 STUDY = Study(
     name="ltd_itd",
@@ -28,6 +28,8 @@ STUDY = Study(
     ),
     budget=4,
     seeds=3,
+    tables=(TABLE_1,),
+    figures=figure_3("itd_lagrangian"),
     smoke=SMOKE,
     debug_condition="itd_lagrangian",
 )

@@ -1,7 +1,8 @@
 """``studies.run NAME``: prepare -> search -> select -> confirm -> report (DESIGN.md, "A study").
 
 Every phase is resumable: ``state.json`` records the phase reached and the winners; Tune
-experiments are continued with ``Tuner.restore``; MLflow runs are found again by their tags.
+experiments are continued with ``Tuner.restore``; MLflow runs are found again by their tags. One
+driver runs a study at a time (:class:`~studies.session.DriverLock`).
 """
 
 from __future__ import annotations
@@ -13,16 +14,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from filelock import FileLock
+
 from icr.config import ExperimentConfig, to_flat
-from icr.errors import ConfigError, UserError
+from icr.errors import ConfigError
 from icr.workspace import Workspace
 from studies import ray_adapter
-from studies.confirm import confirm
 from studies.plan import StudyPlan
+from studies.processes import stop_signals_as_ctrl_c
 from studies.report import build_report
-from studies.search import search_condition
 from studies.select import Winner, select_winner, summary
 from studies.session import (
+    DriverLock,
     Session,
     find_unfinished,
     new_run_name,
@@ -30,6 +33,7 @@ from studies.session import (
     write_state,
 )
 from studies.tracking import Tracker, git_commit
+from studies.tuning import confirm, search
 
 log = logging.getLogger(__name__)
 # Keys that decide which data a config trains on (a distinct data config is prepared once).
@@ -50,19 +54,12 @@ class Backend:
     prepare: Callable[[ExperimentConfig, Workspace], str] = default_prepare
 
 
-def signature(plan: StudyPlan) -> dict[str, Any]:
-    """The options a resumed run must share with the run it continues."""
-    o = plan.options
-    return {"overrides": dict(sorted(o.overrides.items())), "smoke": o.smoke,
-            "budget": plan.budget, "seeds": list(plan.seeds)}
-
-
 def choose_run_dir(plan: StudyPlan, resume: bool, fresh: bool, say: Callable[[str], None]) -> Path:
     """An unfinished run of the study is continued (with or without --resume) unless --fresh."""
     unfinished = None if fresh else find_unfinished(plan.state_root)
     if unfinished is not None:
         state = read_state(unfinished)
-        if state.get("signature") != signature(plan):
+        if state.get("signature") != plan.signature():
             raise ConfigError(
                 f"the unfinished run {unfinished} was started with other options "
                 f"({state.get('signature')}); repeat them to resume it, or pass --fresh"
@@ -76,15 +73,19 @@ def choose_run_dir(plan: StudyPlan, resume: bool, fresh: bool, say: Callable[[st
 
 
 def prepare_data(plan: StudyPlan, backend: Backend, say: Callable[[str], None]) -> dict[str, str]:
-    """Prepare each distinct data config once on the driver; condition -> data fingerprint."""
+    """Prepare each distinct data config once on the driver; condition -> data fingerprint.
+
+    This is where a bad data file, word-vector file or latent-target model is found: on the
+    driver, before Ray starts and before any MLflow run exists.
+    """
     done: dict[tuple, str] = {}
     prints = {}
     for condition in plan.conditions:
-        config = condition.config()
-        key = tuple(sorted((k, v) for k, v in to_flat(config).items() if k.startswith(DATA_PREFIXES)))
+        flat = to_flat(condition.config)
+        key = tuple(sorted((k, v) for k, v in flat.items() if k.startswith(DATA_PREFIXES)))
         if key not in done:
             say(f"preparing data for {condition.name} ...")
-            done[key] = backend.prepare(config, plan.workspace)
+            done[key] = backend.prepare(condition.config, plan.workspace)
         prints[condition.name] = done[key]
     return prints
 
@@ -94,50 +95,77 @@ def run_study(
     say: Callable[[str], None] = print, verbose: int = 0,
 ) -> Path:
     """Run (or continue) the whole study; returns the report folder."""
-    run_dir = choose_run_dir(plan, resume, fresh, say)
-    fingerprints = prepare_data(plan, backend, say)
-    cluster = ray_adapter.connect(plan.options.address, dashboard=plan.options.dashboard)
-    try:
-        ray_adapter.check_storage(plan.storage_root, cluster.nodes)
-        resources = cluster.trial_resources(plan.options.cpus_per_trial)
-        say(cluster.describe(resources))
-        say(ray_adapter.dashboard_hint(cluster))
-        session = open_session(plan, run_dir, cluster, resources, fingerprints, backend, verbose)
-        say(mlflow_hint(plan))
-        return run_phases(session, say)
-    finally:
-        if cluster.started_here:
-            ray_adapter.disconnect(cluster)
+    if resume and not fresh and find_unfinished(plan.state_root) is None:  # before writing a lock
+        raise ConfigError(f"nothing to resume: study {plan.key} has no unfinished run in {plan.state_root}")
+    with DriverLock(plan.workspace.root, plan.key):
+        run_dir = choose_run_dir(plan, resume, fresh, say)
+        fingerprints = prepare_data(plan, backend, say)
+        # A driver killed earlier may have left its private Ray instance: stop exactly that one.
+        record = plan.workspace.root / "locks" / f"{plan.key}.ray.json"
+        ray_adapter.stop_recorded_instance(record)
+        cluster = ray_adapter.connect(plan.address, dashboard=plan.dashboard, record=record)
+        failed = True
+        try:
+            with stop_signals_as_ctrl_c():  # after connect: ray.init installs its own handler
+                ray_adapter.check_storage(plan.storage_root, cluster.nodes, hosts=cluster.hosts)
+                resources = cluster.trial_resources(plan.cpus_per_trial)
+                say(cluster.describe(resources))
+                say(ray_adapter.dashboard_hint(cluster))
+                session = open_session(plan, run_dir, cluster, resources, fingerprints, backend,
+                                       verbose)
+                say(mlflow_hint(plan))
+                out = run_phases(session, say)
+                failed = False
+                return out
+        finally:
+            if cluster.started_here:
+                ray_adapter.disconnect(cluster, keep_logs=failed)
 
 
 def mlflow_hint(plan: StudyPlan) -> str:
     uri = plan.tracking_uri
     if uri.startswith("http"):
         return f"MLflow UI: {uri} (experiment {plan.key})"
-    return f"MLflow UI: `make mlflow-ui`, then http://127.0.0.1:5000 (store {uri}, experiment {plan.key})"
+    return (f"MLflow UI: `.venv/bin/mlflow ui --backend-store-uri {uri} --host 127.0.0.1 "
+            f"--port 5000`, then http://127.0.0.1:5000 (experiment {plan.key})")
+
+
+def open_tracker(plan: StudyPlan) -> Tracker:
+    """The study's tracker, its store created (and migrated) under a lock: two drivers starting
+    at once on a fresh sqlite store would otherwise both run MLflow's schema migrations."""
+    tracker = Tracker(plan.tracking_uri, plan.key, plan.workspace.root / "mlartifacts")
+    if plan.tracking_uri.startswith("sqlite:///"):
+        db = Path(plan.tracking_uri.removeprefix("sqlite:///"))
+        db.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(db) + ".lock"):
+            tracker.experiment_id  # noqa: B018 - creates the store and the experiment
+    return tracker
 
 
 def open_session(
     plan: StudyPlan, run_dir: Path, cluster: ray_adapter.Cluster, resources: dict[str, float],
     fingerprints: dict[str, str], backend: Backend, verbose: int,
 ) -> Session:
-    tracker = Tracker(plan.tracking_uri, plan.key, plan.workspace.root / "mlartifacts")
+    tracker = open_tracker(plan)
     state = read_state(run_dir) if (run_dir / "state.json").is_file() else {}
     commit = git_commit()
     tags = {"study": plan.study.name, "study_key": plan.key, "git_commit": commit,
-            "study_run": run_dir.name}
+            "study_run": run_dir.name, "mlflow.source.git.commit": commit,
+            "mlflow.source.name": f"python -m studies.run {plan.study.name}",
+            "mlflow.source.type": "LOCAL"}
     parent_id = state.get("parent_run_id")
     if parent_id is None:
-        parent_tags = {**tags, "icr.role": "study", "description": plan.study.description,
+        parent_tags = {**tags, "icr.role": "study", "mlflow.note.content": plan.study.description,
+                       "description": plan.study.description,
                        "conditions": ",".join(c.name for c in plan.conditions),
                        **{f"label.{c.name}": c.label for c in plan.conditions},
                        **{f"searched.{c.name}": ",".join(c.domains) for c in plan.conditions}}
         params = {"budget": plan.budget, "seeds": ",".join(map(str, plan.seeds)),
-                  "max_epochs": plan.max_epochs, "smoke": plan.options.smoke,
-                  **{f"set.{k}": v for k, v in plan.options.overrides.items()}}
+                  "max_epochs": plan.max_epochs, "smoke": plan.smoke,
+                  **{f"set.{k}": v for k, v in plan.overrides.items()}}
         parent_id = tracker.create_run(f"{plan.key}-{run_dir.name}", parent_tags, params)
         state = {"study": plan.study.name, "key": plan.key, "run": run_dir.name,
-                 "parent_run_id": parent_id, "phase": "search", "signature": signature(plan),
+                 "parent_run_id": parent_id, "phase": "search", "signature": plan.signature(),
                  "winners": {}}
         write_state(run_dir, state)
     else:
@@ -157,7 +185,7 @@ def run_phases(session: Session, say: Callable[[str], None]) -> Path:
                 winners[condition.name] = Winner(condition.name, "", None, {}).to_json()
                 continue
             say(f"search {condition.name}: {_describe_space(condition.domains)}")
-            records = search_condition(session, condition.name)
+            records = search(session, condition.name)
             say(f"  {summary(records, plan.max_epochs)}")
             winner = select_winner(records, plan.study.metric, plan.study.mode, plan.max_epochs)
             if winner is None:
@@ -167,14 +195,15 @@ def run_phases(session: Session, say: Callable[[str], None]) -> Path:
             winners[condition.name] = winner.to_json()
         session.save_state(phase="confirm", winners=winners)
     if session.state["phase"] == "confirm":
-        winners = {k: Winner.from_json(v) for k, v in session.state["winners"].items()}
+        winners = {k: Winner.from_json(v).sampled for k, v in session.state["winners"].items()}
         say(f"confirm: {len(winners)} winner(s) x {len(plan.seeds)} seed(s), evaluated on test")
         records = confirm(session, winners)
-        failed = sum(r.error for r in records)
-        if failed:
-            say(f"  {failed} confirmation run(s) failed (see MLflow)")
+        for record in (r for r in records if r.error):
+            say(f"  confirmation run {record.condition} seed {record.config['train.seed']} "
+                f"failed: {record.error}")
         session.save_state(phase="report")
-    out = build_report(session.tracker, plan.report_dir, session.parent_id)
+    out = build_report(plan.study, session.tracker, plan.report_dir, session.parent_id,
+                       plan.workspace)
     session.tracker.finish(session.parent_id, "FINISHED")
     session.save_state(phase="done")
     say(f"report: {out}")
@@ -194,4 +223,4 @@ def set_quiet_environment() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-__all__ = ["Backend", "run_study", "set_quiet_environment", "UserError"]
+__all__ = ["Backend", "run_study", "set_quiet_environment"]

@@ -23,8 +23,15 @@ from studies.catalog import Study, all_studies, get_study
 from studies.plan import Options, StudyPlan
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad flag is one ``error: ...`` line (exit 2), not a usage screen."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UserError(f"{message} (see python -m studies.run --help)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="python -m studies.run", description="Run a hyperparameter study (or one trial).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -76,11 +83,10 @@ def main(
     from studies.pipeline import set_quiet_environment
 
     set_quiet_environment()
-    args = build_parser().parse_args(argv)
     from studies.session import Interrupted
 
     try:
-        return _run(args, backend, extra_studies)
+        return _run(build_parser().parse_args(argv), backend, extra_studies)
     except (Interrupted, KeyboardInterrupt) as exc:
         print(f"interrupted: {exc or 'run the same command again to continue'}", file=sys.stderr)
         return 130
@@ -107,11 +113,11 @@ def _run(args: argparse.Namespace, backend: object | None, extra: Mapping[str, S
         dashboard=not args.no_dashboard,
     )
     plan = StudyPlan.build(study, options)  # every user mistake surfaces here, nothing written yet
+    if args.condition:
+        plan.condition(args.condition)
     if args.debug:
         from studies.debug import run_debug
 
-        if args.condition:
-            plan.condition(args.condition)
         run_debug(plan, args.condition, getattr(backend, "fit", None))
         return 0
     from studies.pipeline import Backend, run_study

@@ -12,9 +12,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from studies.search import TrialRecord
-
-Scalar = bool | int | float | str
+from icr.config import Scalar
+from studies.tuning import TrialRecord
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,18 @@
 """The driver-side state of one study run, shared by search, confirm and report.
 
 A run lives in ``<workspace>/ray/<key>/<run name>/`` (``<key>`` is the study name, with
-``-smoke`` for ``--smoke``): ``state.json`` (options, parent MLflow run, winners, phase) and the
-searchers' logs; Tune's experiments go to ``<storage>/<key>/<run name>/`` (the same folder unless
-``--storage`` names S3, GCS or NFS).
+``-smoke`` for ``--smoke``): ``state.json`` (parent MLflow run, winners, phase, the options it was
+started with) and the searchers' logs; Tune's experiments go to ``<storage>/<key>/<run name>/``
+(the same folder unless ``--storage`` names S3, GCS or NFS).
+
+One driver per study: :class:`DriverLock` holds an exclusive lock on ``<workspace>/locks/<key>.lock``
+for the driver's lifetime (the kernel drops it when the process dies, however it
+dies), so a second ``studies.run`` of the same study refuses at once, naming the running one.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import time
@@ -16,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from icr.errors import UserError
 from studies.plan import StudyPlan
 from studies.ray_adapter import Cluster
 from studies.tracking import Tracker
@@ -24,8 +30,7 @@ STATE_FILE = "state.json"
 
 
 class Interrupted(Exception):
-    """The driver was interrupted (Ctrl-C); the run can be continued."""
-PHASES = ("search", "confirm", "report", "done")
+    """The driver was interrupted (Ctrl-C, SIGTERM, SIGHUP); the run can be continued."""
 
 
 @dataclass
@@ -81,12 +86,36 @@ def find_unfinished(state_root: Path) -> Path | None:
     return None
 
 
-def find_latest(state_root: Path) -> Path | None:
-    if not state_root.is_dir():
-        return None
-    runs = sorted(p for p in state_root.iterdir() if (p / STATE_FILE).is_file())
-    return runs[-1] if runs else None
-
-
 def new_run_name() -> str:
     return time.strftime("%Y%m%d-%H%M%S")
+
+
+class DriverLock:
+    """An exclusive, process-lifetime lock on a study: one driver per study at a time."""
+
+    def __init__(self, workspace_root: Path, study: str) -> None:
+        self.path = workspace_root / "locks" / f"{study}.lock"
+        self.study = study
+        self._fd: int | None = None
+
+    def __enter__(self) -> DriverLock:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 200).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise UserError(
+                f"study {self.study} is already running (driver pid {holder}); wait for it, or "
+                f"stop it with `kill {holder}` and run the same command again to continue"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing drops the lock
+            self._fd = None

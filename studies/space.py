@@ -12,7 +12,8 @@ Format (``search_spaces/<study>.yaml``)::
 Domains: ``{choice: [a, b, ...]}``, ``{uniform: [low, high]}``, ``{loguniform: [low, high]}``
 (low > 0) and ``{int: [low, high]}`` (both ends included). Every key and value is validated
 against the config vocabulary (:func:`icr.config.key_specs`); an error names the file and the key.
-This module knows nothing of Ray: :mod:`studies.search` turns domains into Tune/Optuna domains.
+This module knows nothing of Ray: :class:`ConditionalSpace` turns a condition's domains into an
+Optuna define-by-run space that samples only the keys a trial's configuration uses.
 """
 
 from __future__ import annotations
@@ -24,10 +25,9 @@ from typing import Any
 
 import yaml
 
-from icr.config import key_specs, parse_value
+from icr.config import Scalar, from_flat, key_specs, parse_value, used_keys
 from icr.errors import ConfigError
 
-Scalar = bool | int | float | str
 KINDS = ("choice", "uniform", "loguniform", "int")
 _TOP_LEVEL = ("space", "conditions", "description")
 
@@ -148,3 +148,41 @@ def parse_domain(key: str, spec: Mapping[str, Any]) -> Domain:
     if kind == "loguniform" and low <= 0:
         raise ConfigError(f"{key}: loguniform needs low > 0, got {args}")
     return Domain(key, kind, (low, high))
+
+
+@dataclass(frozen=True)
+class ConditionalSpace:
+    """A condition's domains as an Optuna define-by-run space that samples only the keys the
+    trial's configuration uses.
+
+    Component choices (keys whose values are registry names, e.g. ``loss.name``) are sampled
+    first; every other domain is sampled only when the configuration chosen so far uses its key
+    (:func:`icr.config.used_keys`): a trial that draws ``loss.name=triplet`` draws ``loss.margin``
+    and no ``loss.tau``, so it records no ``loss.tau`` and the searcher learns nothing false about
+    it. A space without choices is sampled as it is.
+    """
+
+    base: Mapping[str, Any]  # the condition's flat overrides
+    domains: tuple[Domain, ...]
+
+    def __call__(self, trial: Any) -> None:
+        specs = key_specs()
+        ordered = sorted(self.domains, key=lambda d: specs[d.key].registry is None)
+        values: dict[str, Any] = {}
+        used = set(used_keys(from_flat(self.base)))
+        for domain in ordered:
+            if domain.key not in used:
+                continue
+            values[domain.key] = suggest(trial, domain)
+            if specs[domain.key].registry is not None:
+                used = set(used_keys(from_flat({**self.base, **values})))
+
+
+def suggest(trial: Any, domain: Domain) -> Any:
+    """One value of a space-file domain from an Optuna trial."""
+    if domain.kind == "choice":
+        return trial.suggest_categorical(domain.key, list(domain.values))
+    low, high = domain.values
+    if domain.kind == "int":
+        return trial.suggest_int(domain.key, low, high)  # both ends included, as in the file
+    return trial.suggest_float(domain.key, low, high, log=domain.kind == "loguniform")

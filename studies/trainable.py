@@ -1,11 +1,12 @@
 """The Ray Tune trainable: the only module where Ray meets ``icr``.
 
 A trial's Tune config is small and flat: ``condition`` (the row of the table it belongs to) and the
-dotted keys that Tune/Optuna sampled (or, for confirmation runs, ``train.seed``). Everything else
-the trial needs travels once, through the object store, as a :class:`TrialJob`: the flat overrides
-of each condition and the workspace. The trainable builds the ``ExperimentConfig``, calls
-``fit`` with a reporter that forwards each epoch to ``ray.tune.report`` with the epoch's
-checkpoint, and resumes from ``ray.tune.get_checkpoint()`` after a failure or a restored study.
+dotted keys that the searcher sampled (or, for confirmation runs, ``train.seed``). Everything else
+the trial needs travels once, through the object store, as a :class:`TrialJob`: the validated flat
+overrides of each condition and the workspace. The trainable builds the ``ExperimentConfig`` once,
+calls ``fit`` with a reporter that forwards each :class:`~icr.train.EpochReport` to
+``ray.tune.report`` with its checkpoint, and resumes from ``ray.tune.get_checkpoint()`` after a
+failure or a restored study.
 """
 
 from __future__ import annotations
@@ -13,17 +14,17 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import ray
 from ray import tune
 
-from icr.config import ExperimentConfig, from_flat, to_flat
+from icr.config import ExperimentConfig, Scalar, from_flat, to_flat, used_keys
+from icr.train.seam import EpochReport
 from icr.workspace import Workspace
 
-Scalar = bool | int | float | str
 FitFn = Callable[..., Any]  # the signature of icr.train.fit
 
 
@@ -34,19 +35,35 @@ class TrialJob:
     study: str
     phase: str  # "search" or "confirm"
     workspace: str
-    conditions: Mapping[str, Mapping[str, Scalar]]  # condition -> flat overrides
-
-    def flat_overrides(self, trial_config: Mapping[str, Any]) -> dict[str, Scalar]:
-        """The condition's overrides, then the trial's own (sampled) dotted keys."""
-        own = {k: v for k, v in trial_config.items() if "." in k}
-        return {**self.conditions[trial_config["condition"]], **own}
+    conditions: Mapping[str, Mapping[str, Scalar]]  # condition -> flat overrides (validated)
+    chosen: Mapping[str, Mapping[str, Scalar]] = field(default_factory=dict)  # winners' values
 
     def config(self, trial_config: Mapping[str, Any]) -> ExperimentConfig:
-        return from_flat(self.flat_overrides(trial_config))
+        """The trial's config: the condition's overrides, then its own (sampled) dotted keys."""
+        own = {k: v for k, v in trial_config.items() if "." in k}
+        return from_flat({**self.conditions[trial_config["condition"]], **own})
 
     def params(self, trial_config: Mapping[str, Any]) -> dict[str, Scalar]:
-        """Every flat key of the trial's config: what MLflow records as params."""
-        return to_flat(self.config(trial_config))
+        """The keys the trial's configuration uses, with their values: what MLflow records."""
+        config = self.config(trial_config)
+        flat = to_flat(config)
+        return {key: flat[key] for key in used_keys(config)}
+
+    def shown(self, trial_config: Mapping[str, Any]) -> dict[str, Scalar]:
+        """What tells the trial apart in its run's name: the condition's chosen values (a
+        confirmation run's winner) and the trial's own (sampled values, seed)."""
+        own = {k: v for k, v in trial_config.items() if "." in k}
+        return {**self.chosen.get(trial_config["condition"], {}), **own}
+
+    def seed(self, trial_config: Mapping[str, Any]) -> int:
+        return int(trial_config.get("train.seed",
+                                    self.conditions[trial_config["condition"]].get("train.seed", 0)))
+
+
+def tune_record(report: EpochReport) -> dict[str, Any]:
+    """An :class:`EpochReport` as a Tune result (its metrics at the top, for ASHA and Optuna)."""
+    return {**report.metrics, "trajectory": list(report.trajectory),
+            "artifacts": list(report.artifacts), "final": report.final}
 
 
 def default_fit() -> FitFn:
@@ -61,9 +78,9 @@ def run_trial(trial_config: dict[str, Any], *, job: TrialJob, fit: FitFn | None 
     config = job.config(trial_config)
     _use_assigned_cpus()
 
-    def reporter(metrics: dict[str, float], checkpoint_dir: Path | None) -> None:
-        checkpoint = tune.Checkpoint.from_directory(checkpoint_dir) if checkpoint_dir else None
-        tune.report(dict(metrics), checkpoint=checkpoint)
+    def reporter(report: EpochReport) -> None:
+        checkpoint = tune.Checkpoint.from_directory(report.checkpoint) if report.checkpoint else None
+        tune.report(tune_record(report), checkpoint=checkpoint)
 
     # fit's working folder stays out of Tune's trial folder, which Tune syncs to storage while
     # fit rewrites its checkpoint; Tune copies each reported checkpoint itself.

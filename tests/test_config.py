@@ -4,7 +4,14 @@ import dataclasses
 
 import pytest
 
-from icr.config import ExperimentConfig, from_flat, key_specs, parse_overrides, to_flat
+from icr.config import (
+    ExperimentConfig,
+    from_flat,
+    key_specs,
+    parse_overrides,
+    to_flat,
+    used_keys,
+)
 from icr.errors import ConfigError
 
 
@@ -41,7 +48,8 @@ def test_base_is_respected():
     ("flat", "fragment"),
     [
         ({"loss.tua": 0.1}, "unknown config key 'loss.tua'; did you mean loss.tau"),
-        ({"loss.name": "hinge"}, "loss.name is one of infonce, triplet, triplet_all"),
+        ({"loss.name": "hinge"}, "is not allowed; loss.name is one of "),
+        ({"eval.analyses": "probe,tsne"}, "eval.analyses is a comma-separated list of "),
         ({"loss.tau": "hot"}, "loss.tau is a number"),
         ({"loss.tau": -1}, "out of range"),
         ({"train.swa": "maybe"}, "train.swa is true or false"),
@@ -67,12 +75,56 @@ def test_config_is_frozen():
         ExperimentConfig().loss.tau = 1.0  # type: ignore[misc]
 
 
-def test_config_choices_match_registries():
+def test_registry_keys_take_their_names_from_the_registry():
     from icr.losses import LOSSES
-    from icr.models.image import IMAGE_ENCODERS
-    from icr.objectives import OBJECTIVES
+
+    assert key_specs()["loss.name"].choices == tuple(LOSSES.names())
+    assert from_flat({"eval.analyses": " probe , "}).eval.analyses == "probe"
+
+
+@pytest.mark.parametrize(
+    ("flat", "present", "absent"),
+    [
+        ({"loss.name": "triplet"}, {"loss.margin"}, {"loss.tau", "objective.eta"}),
+        ({"loss.name": "infonce"}, {"loss.tau"}, {"loss.margin"}),
+        ({"objective.name": "lagrangian", "decoder.name": "ltd"},
+         {"objective.eta", "objective.lambda_lr", "decoder.target_model", "decoder.hidden_dim"},
+         {"objective.beta", "decoder.word_dim"}),
+        ({"objective.name": "dual", "decoder.name": "itd"},
+         {"objective.beta", "decoder.word_dim"}, {"decoder.target_model", "objective.eta"}),
+        ({"image.encoder": "resnet18"}, {"image.pretrained"}, {"image.hidden_dim"}),
+        ({"image.encoder": "regions"}, {"image.hidden_dim", "image.output_dim"}, set()),
+    ],
+)
+def test_used_keys_follow_the_chosen_components(flat, present, absent):
+    used = set(used_keys(from_flat(flat)))
+    assert present <= used and not (absent & used)
+    assert {"train.seed", "loss.name", "objective.name", "eval.analyses"} <= used
+
+
+def test_every_registry_reads_only_known_keys():
+    from icr.registry import resolve
 
     specs = key_specs()
-    assert set(specs["loss.name"].choices) == set(LOSSES.names())
-    assert set(specs["image.encoder"].choices) == set(IMAGE_ENCODERS.names())
-    assert set(specs["objective.name"].choices) == set(OBJECTIVES.names())
+    sections = {key.split(".")[0] for key in specs}
+    for spec in specs.values():
+        if spec.registry is None:
+            continue
+        registry = resolve(spec.registry)
+        for name in registry.names():
+            for key in registry.reads(name):
+                known = key[:-2] in sections if key.endswith(".*") else key in specs
+                assert known, f"{spec.key}={name} reads unknown key {key}"
+
+
+def test_paths_the_configuration_uses_must_exist(tmp_path):
+    from icr.config import check_paths
+
+    check_paths(from_flat({}))  # bundled names and '' need no file
+    check_paths(from_flat({"text.glove": str(tmp_path)}))
+    with pytest.raises(ConfigError, match="text.glove=/nope: no such file or folder"):
+        check_paths(from_flat({"text.glove": "/nope"}))
+    # A path the configuration does not use is not checked: no LTD decoder, no target model.
+    check_paths(from_flat({"decoder.target_model": "/nope"}))
+    with pytest.raises(ConfigError, match="decoder.target_model"):
+        check_paths(from_flat({"decoder.target_model": "/nope", "decoder.name": "ltd"}))

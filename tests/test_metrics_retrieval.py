@@ -29,16 +29,26 @@ def _ranking(scores: list[float]) -> list[int]:
 
 
 def _query_stats(order: list[int], positives: set[int]) -> dict[str, float]:
-    """Best rank, R-precision and AP@5 of one query, by walking down its ranking."""
-    best, hits, ap, in_top_r = None, 0, 0.0, 0
+    """Best rank, R-precision and AP@5 of one query, by walking down its ranking.
+
+    ``ap5`` divides by min(5, #positives) (``i2t_mAPnorm_at_5``); ``ap5_hits`` by the number of
+    positives in the top 5, 0 without any (the ECIR code, ``i2t_mAP_at_5``).
+    """
+    best, hits, ap, in_top_r, hits_at_5 = None, 0, 0.0, 0, 0
     for rank, cand in enumerate(order, start=1):
         if cand not in positives:
             continue
         best = rank if best is None else best
         hits += 1
         ap += hits / rank if rank <= 5 else 0.0
+        hits_at_5 += rank <= 5
         in_top_r += rank <= len(positives)
-    return {"best": best, "rprec": in_top_r / len(positives), "ap5": ap / min(5, len(positives))}
+    return {
+        "best": best,
+        "rprec": in_top_r / len(positives),
+        "ap5": ap / min(5, len(positives)),
+        "ap5_hits": ap / hits_at_5 if hits_at_5 else 0.0,
+    }
 
 
 def _ndcg(order: list[int], rel: list[float], k: int = 25) -> float:
@@ -70,7 +80,8 @@ def oracle(sims, caption_image, ks=KS, relevance=None, ext_i2t=None, ext_t2i=Non
         out[f"{prefix}meanr"] = float(np.mean(best))
     out["rsum"] = sum(out[f"{d}_R_at_{k}"] for d in ("i2t", "t2i") for k in ks)
     out["i2t_rprec"] = 100.0 * np.mean([q["rprec"] for q in i2t])
-    out["i2t_mAP_at_5"] = 100.0 * np.mean([q["ap5"] for q in i2t])
+    out["i2t_mAP_at_5"] = 100.0 * np.mean([q["ap5_hits"] for q in i2t])
+    out["i2t_mAPnorm_at_5"] = 100.0 * np.mean([q["ap5"] for q in i2t])
     if relevance is not None:
         rel = relevance.tolist()
         scores = [_ndcg(_ranking(columns[j]), rel[j]) for j in range(n_cap)]
@@ -152,7 +163,13 @@ def test_chunk_size_does_not_change_the_result(split, chunk_size):
     sims, caption_image, rel, ext_i2t, ext_t2i = split
     kwargs = dict(relevance=rel, extended_i2t=ext_i2t, extended_t2i=ext_t2i)
     reference = retrieval_metrics(sims, caption_image, chunk_size=1024, **kwargs)
-    assert retrieval_metrics(sims, caption_image, chunk_size=chunk_size, **kwargs) == reference
+    got = retrieval_metrics(sims, caption_image, chunk_size=chunk_size, **kwargs)
+    assert set(got) == set(reference)
+    for key, value in reference.items():
+        if "R_at_" in key or key in ("rsum", "i2t_medr", "t2i_medr", "i2t_meanr", "t2i_meanr"):
+            assert got[key] == value, key  # counts of integer ranks: no rounding to differ
+        else:  # per-query floats (nDCG, AP) may be summed in another order by another chunking
+            assert got[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
 
 
 def test_transposing_in_small_blocks_does_not_change_the_result(split, monkeypatch):
@@ -187,9 +204,10 @@ def test_hand_case_two_images_four_captions():
     assert (m["i2t_medr"], m["i2t_meanr"]) == (2.0, 2.5)  # floor(median(2, 3))
     assert (m["t2i_medr"], m["t2i_meanr"]) == (1.0, 1.5)
     assert m["i2t_rprec"] == pytest.approx(100 * (1 / 2 + 0 / 2) / 2)
-    ap0 = (1 / 2 + 2 / 4) / 2  # P@2 and P@4 over min(5, 2) positives
+    ap0 = (1 / 2 + 2 / 4) / 2  # P@2 and P@4 over min(5, 2) positives = over the 2 hits
     ap1 = (1 / 3 + 2 / 4) / 2
     assert m["i2t_mAP_at_5"] == pytest.approx(100 * (ap0 + ap1) / 2)
+    assert m["i2t_mAPnorm_at_5"] == pytest.approx(100 * (ap0 + ap1) / 2)  # all positives found
     assert "t2i_rprec" not in m  # it would be R@1 again
 
 
@@ -202,7 +220,7 @@ def test_one_hot_perfect_encoder():
     assert m["rsum"] == 600.0
     assert all(m[f"{d}_R_at_{k}"] == 100.0 for d in ("i2t", "t2i") for k in KS)
     # the 5 positives tie at 1.0 with each other but beat every negative
-    assert m["i2t_rprec"] == 100.0 and m["i2t_mAP_at_5"] == 100.0
+    assert m["i2t_rprec"] == 100.0 and m["i2t_mAP_at_5"] == m["i2t_mAPnorm_at_5"] == 100.0
     assert m["i2t_medr"] == m["t2i_medr"] == m["i2t_meanr"] == m["t2i_meanr"] == 1.0
 
 
@@ -212,7 +230,34 @@ def test_ties_rank_positives_after_negatives():
     m = retrieval_metrics(torch.ones(3, 6), caption_image, ks=(1, 4, 5))
     assert (m["i2t_R_at_1"], m["i2t_R_at_4"], m["i2t_R_at_5"]) == (0.0, 0.0, 100.0)
     assert m["t2i_R_at_1"] == 0.0 and m["t2i_meanr"] == 3.0
-    assert m["i2t_rprec"] == 0.0 and m["i2t_mAP_at_5"] == pytest.approx(100 * (1 / 5) / 2)
+    # each image's 2 positives rank 5 and 6: one hit, P@5 = 1/5, over 1 hit or min(5, 2)
+    assert m["i2t_rprec"] == 0.0 and m["i2t_mAP_at_5"] == pytest.approx(100 * (1 / 5))
+    assert m["i2t_mAPnorm_at_5"] == pytest.approx(100 * (1 / 5) / 2)
+
+
+def test_map_at_5_normalisations_hand_case():
+    # image 0 owns captions 0-4, image 1 captions 5-9; image 0 finds only caption 2 in its top 5
+    scores = torch.tensor([[0.1, 0.2, 0.85, 0.3, 0.05, 0.9, 0.95, 0.4, 0.35, 0.33]])
+    best, ranks = query_ranks(scores, torch.tensor([[0, 1, 2, 3, 4]]), depth=5)
+    assert best.tolist() == [3]  # 0.95, 0.9, then caption 2
+    # one hit at rank 3: P@3 = 1/3, over the 1 hit (ECIR code) or over min(5, 5) positives
+    assert retrieval.average_precision_of_hits(ranks, 5).item() == pytest.approx(1 / 3)
+    assert retrieval.average_precision_at_k(ranks, torch.tensor([5]), 5).item() == pytest.approx(
+        1 / 15
+    )
+    # image 1 ranks its 5 captions first: AP 1 under both
+    image1 = torch.tensor([[0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.9, 0.8, 0.7, 0.6]])
+    caption_image = torch.tensor([0] * 5 + [1] * 5)
+    m = retrieval_metrics(torch.cat([scores, image1]), caption_image, ks=(1,))
+    assert m["i2t_mAP_at_5"] == pytest.approx(100 * (1 / 3 + 1) / 2)  # 66.7
+    assert m["i2t_mAPnorm_at_5"] == pytest.approx(100 * (1 / 15 + 1) / 2)  # 53.3
+
+
+def test_map_at_5_without_hits_is_zero():
+    ranks = torch.tensor([[6.0, 9.0, math.inf], [1.0, 7.0, math.inf]])
+    got = retrieval.average_precision_of_hits(ranks, 5)
+    assert got.tolist() == [0.0, 1.0]  # a single hit at rank 1 scores 1 whatever it missed
+    assert retrieval.average_precision_at_k(ranks, torch.tensor([2, 2]), 5).tolist() == [0.0, 0.5]
 
 
 def test_query_ranks_tie_order():

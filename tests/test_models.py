@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 import torchvision
 from torch import nn
 
+from icr.config import ImageConfig
 from icr.errors import ConfigError
 from icr.models.dual_encoder import DualEncoder
 from icr.models.heads import ProjectionHead
 from icr.models.image import IMAGE_ENCODERS, build_image_encoder
 from icr.models.text import GRUCaptionEncoder
 
-EXPECTED_DIMS = {"resnet50": 2048, "resnet18": 512, "small_cnn": 256}
+EXPECTED_DIMS = {"resnet50": 2048, "resnet18": 512, "small_cnn": 16, "efficientnet_lite0": 1280}
 
 
 @pytest.fixture(autouse=True)
@@ -25,21 +28,29 @@ def _empty_hub_cache(tmp_path, monkeypatch):
 
 
 REGION_DIM = 12  # a region vector of the tests' precomputed features
+SMALL = ImageConfig(hidden_dim=16, output_dim=16, gcn_layers=1)  # small sizes for every encoder
+
+
+def _reads_regions(name: str) -> bool:
+    return IMAGE_ENCODERS.meta(name)["input"] == "regions"
 
 
 def _build(name: str, **options):
-    """Any registered image encoder; the regions encoder also needs its input size."""
-    if name == "regions":
-        options.setdefault("in_dim", REGION_DIM)
-    return IMAGE_ENCODERS.get(name)(**options)
+    """Any registered image encoder, built as the pipeline builds it (config section + context)."""
+    section = replace(SMALL, **options)
+    return IMAGE_ENCODERS.build(name, section, **({"in_dim": REGION_DIM} if _reads_regions(name) else {}))
 
 
 def _example(name: str) -> torch.Tensor:
     """An input batch of the kind the encoder reads: pixels, or (B, R, D) region features."""
-    return torch.randn(2, 5, REGION_DIM) if name == "regions" else _images()
+    return torch.randn(2, 5, REGION_DIM) if _reads_regions(name) else _images()
 
 
-CNNS = [n for n in IMAGE_ENCODERS.names() if n != "regions"]
+CNNS = [n for n in IMAGE_ENCODERS.names() if not _reads_regions(n)]
+# Encoders whose pretrained weights ship with an installed package (no local file needed).
+PACKAGED_WEIGHTS = {"efficientnet_lite0"}
+LOCAL_WEIGHTS = [n for n in IMAGE_ENCODERS.names()
+                 if "pretrained" in IMAGE_ENCODERS.options(n) and n not in PACKAGED_WEIGHTS]
 
 
 def _images(batch: int = 2, size: int = 32) -> torch.Tensor:
@@ -55,6 +66,7 @@ def _batchnorms(module: nn.Module) -> list[nn.Module]:
 
 def test_registry_lists_expected_encoders():
     assert set(EXPECTED_DIMS) <= set(IMAGE_ENCODERS.names())
+    assert all(IMAGE_ENCODERS.meta(n)["input"] in ("pixels", "regions") for n in IMAGE_ENCODERS)
 
 
 @pytest.mark.parametrize("name", IMAGE_ENCODERS.names())
@@ -72,7 +84,7 @@ def test_image_encoder_forward_backward(name):
     assert any(g.abs().sum() > 0 for g in grads)
 
 
-@pytest.mark.parametrize("name", IMAGE_ENCODERS.names())
+@pytest.mark.parametrize("name", LOCAL_WEIGHTS)
 def test_pretrained_without_local_file_names_the_fix(name, _empty_hub_cache):
     with pytest.raises(ConfigError) as info:
         _build(name, pretrained=True)
@@ -83,7 +95,8 @@ def test_pretrained_without_local_file_names_the_fix(name, _empty_hub_cache):
         assert str(_empty_hub_cache / "checkpoints") in msg  # names where it looked
 
 
-@pytest.mark.parametrize("name", IMAGE_ENCODERS.names())
+@pytest.mark.parametrize("name", [n for n in IMAGE_ENCODERS.names()
+                                  if "weights_path" in IMAGE_ENCODERS.options(n)])
 def test_missing_weights_path_raises(name, tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         _build(name, pretrained=True, weights_path=str(tmp_path / "nope.pth"))
@@ -91,7 +104,7 @@ def test_missing_weights_path_raises(name, tmp_path):
 
 @pytest.mark.parametrize("name", CNNS)
 def test_frozen_backbone_keeps_batchnorm_in_eval(name):
-    enc = IMAGE_ENCODERS.get(name)(pretrained=False)
+    enc = _build(name, pretrained=False)
     enc.set_backbone_trainable(False)
     enc.train()
     bns = _batchnorms(enc.backbone)

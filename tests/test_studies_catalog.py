@@ -14,9 +14,10 @@ from icr.errors import ConfigError, UserError
 from studies.catalog import SEARCH_SPACES, Condition, Study, all_studies, get_study
 from studies.plan import Options, StudyPlan
 from studies.ray_adapter import Cluster, check_storage
-from studies.search import PrunedAwareOptunaSearch, TrialRecord, tune_domain
+from studies.samplers import SpreadThenTPESampler
 from studies.select import select_winner
-from studies.space import load_space
+from studies.space import ConditionalSpace, load_space
+from studies.tuning import PrunedAwareOptunaSearch, TrialRecord
 
 ROOT = Path(__file__).resolve().parent.parent
 STUDIES = sorted(all_studies())
@@ -27,10 +28,10 @@ STUDIES = sorted(all_studies())
 def test_every_condition_config_round_trips(name: str, smoke: bool) -> None:
     plan = StudyPlan.build(get_study(name), Options(smoke=smoke))
     for condition in plan.conditions:
-        config = condition.config()
-        assert from_flat(to_flat(config)) == config
+        config = condition.config
+        assert from_flat(to_flat(config)) == config == from_flat(condition.flat)
         assert config.eval.test is False  # search trials never see the test split
-    assert plan.max_epochs == plan.conditions[0].config().epochs
+    assert plan.max_epochs == plan.conditions[0].config.epochs
     assert plan.debug_config(None).objective.name in ("lagrangian", "dual", "contrastive")
 
 
@@ -54,12 +55,22 @@ def test_ltd_bound_searches_eta_over_the_paper_range() -> None:
     plan = StudyPlan.build(get_study("ltd_bound"), Options())
     eta = plan.condition("lagrangian").domains["objective.eta"]
     assert (eta.kind, eta.values) == ("uniform", (0.05, 0.3))
+    # Its quasi-random start covers the range: both ends of Figure 3 are sampled.
+    from optuna.distributions import FloatDistribution
+
+    from studies.samplers import spread_point
+
+    study = get_study("ltd_bound")
+    sampler = SpreadThenTPESampler(study.startup_trials, 0, ("objective.eta",))
+    points = [spread_point(sampler._point(n, 0), FloatDistribution(0.05, 0.3))
+              for n in range(study.startup_trials)]
+    assert min(points) == 0.05 and max(points) > 0.25 and study.budget > study.startup_trials
     assert not plan.condition("contrastive").domains
     assert plan.condition("dual").flat["objective.beta"] == 1.0
     itd = StudyPlan.build(get_study("ltd_itd"), Options()).condition("itd_lagrangian")
     assert itd.domains["objective.eta"].values == (0.5, 6.0)
     triplet = StudyPlan.build(get_study("ltd_triplet"), Options())
-    assert all(c.config().loss.name == "triplet" for c in triplet.conditions)
+    assert all(c.config.loss.name == "triplet" for c in triplet.conditions)
 
 
 @pytest.mark.parametrize(
@@ -115,17 +126,29 @@ def test_unknown_study_lists_the_known_ones() -> None:
         get_study("ltd_boudn")
 
 
-def test_tune_domains() -> None:
-    from ray.tune.search.sample import Categorical, Float, Integer
+def test_a_trial_samples_only_the_keys_its_choices_use() -> None:
+    import optuna
 
-    space = load_space(SEARCH_SPACES / "ltd_bound.yaml").for_condition("lagrangian")
-    eta = tune_domain(space.domains["objective.eta"])
-    assert isinstance(eta, Float) and (eta.lower, eta.upper) == (0.05, 0.3)
     from studies.space import Domain
 
-    assert isinstance(tune_domain(Domain("train.batch_size", "int", (16, 64))), Integer)
-    assert tune_domain(Domain("train.batch_size", "int", (16, 64))).upper == 65  # inclusive
-    assert isinstance(tune_domain(Domain("loss.name", "choice", ("infonce", "triplet"))), Categorical)
+    space = ConditionalSpace({"train.batch_size": 16}, (
+        Domain("loss.tau", "loguniform", (0.01, 0.2)), Domain("loss.margin", "uniform", (0.1, 0.3)),
+        Domain("loss.name", "choice", ("triplet", "infonce")),
+        Domain("train.warmup_epochs", "int", (1, 3)),
+    ))
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    seen = set()
+    for _ in range(12):
+        trial = study.ask()
+        space(trial)
+        params = trial.params
+        name = params["loss.name"]
+        seen.add(name)
+        assert ("loss.margin" in params) == (name == "triplet")
+        assert ("loss.tau" in params) == (name == "infonce")
+        assert params["train.warmup_epochs"] in (1, 2, 3)  # int ends included
+        assert 0.01 <= params.get("loss.tau", 0.1) <= 0.2
+    assert seen == {"triplet", "infonce"}
 
 
 def test_optuna_is_told_pruned_for_asha_stopped_trials(tmp_path: Path) -> None:
@@ -150,7 +173,7 @@ def test_optuna_is_told_pruned_for_asha_stopped_trials(tmp_path: Path) -> None:
 
 def _record(tid: str, score: float, epochs: int, error: bool = False) -> TrialRecord:
     return TrialRecord(tid, "lag", {"condition": "lag", "objective.eta": score / 1000},
-                       {"val_rsum": score, "epoch": epochs}, error)
+                       {"val_rsum": score, "epoch": epochs}, "TrainingError: boom" if error else "")
 
 
 def test_selection_ignores_stopped_and_failed_trials() -> None:

@@ -29,16 +29,42 @@ def run_cli(*args: str, module: str = "studies.run") -> subprocess.CompletedProc
         (["ltd_bound", "--debug", "--set", "train.batch_size=1"], "train.batch_size='1' is out of range"),
         (["ltd_bound", "--debug", "--condition", "nope"], "has no condition 'nope'"),
         (["ltd_bound", "--resume", "--smoke"], "nothing to resume"),
+        (["ltd_bound", "--smoke", "--tracking-uri", "bogus://x"],
+         "--tracking-uri bogus://x: not an MLflow store"),
+        (["ltd_bound", "--smoke", "--storage", "bogus://x"], "--storage bogus://x: give a folder"),
+        (["ltd_bound", "--smoke", "--budget", "0"], "--budget 0: give at least 1"),
+        (["ltd_bound", "--smoke", "--cpus-per-trial", "0"], "--cpus-per-trial 0: give 1 or more"),
+        (["ltd_bound", "--smoke", "--cpus-per-trial", "-1"], "--cpus-per-trial -1: give 1 or more"),
+        (["ltd_bound", "--smoke", "--seeds", "0"], "--seeds 0: give at least 1"),
+        (["ltd_bound", "--seeds", "abc"], "argument --seeds: invalid int value: 'abc'"),
+        (["ltd_bound", "--smoke", "--set", "text.glove={binary}"], "not UTF-8 text"),
+        (["ltd_bound", "--smoke", "--set", "decoder.target_model=/missing/model"],
+         "decoder.target_model=/missing/model: no such file or folder"),
     ],
 )
 def test_user_errors_exit_2_with_one_line(tmp_path: Path, args: list[str], expected: str) -> None:
     workspace = tmp_path / "ws"
+    binary = tmp_path / "vectors.txt"
+    binary.write_bytes(b"the 0.1 0.2\n\xff\xfe\x00 0.3 0.4\n")
+    args = [a.format(binary=binary) for a in args]
     result = run_cli(*args, "--workspace", str(workspace), "--no-dashboard")
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0]
     assert "Traceback" not in result.stderr
     assert not (workspace / "ray").exists() and not (workspace / "mlflow.db").exists()
+
+
+@pytest.mark.parametrize("kind", ["file", "inside a file"])
+def test_a_workspace_that_cannot_be_a_folder_exits_2(tmp_path: Path, kind: str) -> None:
+    file = tmp_path / "not-a-folder"
+    file.write_text("x")
+    workspace = file if kind == "file" else file / "ws"
+    result = run_cli("ltd_bound", "--smoke", "--workspace", str(workspace))
+    assert result.returncode == 2
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: --workspace ") and ("is a file" in line or "cannot write" in line)
+    assert file.read_text() == "x"
 
 
 def test_report_of_a_study_never_run_exits_2(tmp_path: Path) -> None:

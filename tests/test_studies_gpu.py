@@ -33,7 +33,7 @@ def test_concurrent_trials_each_get_one_distinct_gpu(gpu_cluster, tmp_path: Path
         name="gpu", description="pinning", space_file=str(tmp_path / "space.yaml"),
         base={"train.warmup_epochs": 1, "train.finetune_epochs": 1},
         conditions=(Condition("lagrangian", "L", {"objective.name": "lagrangian"}),),
-        budget=4, seeds=0, grace_period=2,
+        budget=4, seeds=1, grace_period=2,
     )
     records = tmp_path / "records"
     # The barrier holds each trial until all four have started: they provably run at once.
@@ -41,8 +41,10 @@ def test_concurrent_trials_each_get_one_distinct_gpu(gpu_cluster, tmp_path: Path
     rc = main(["gpu", "--workspace", str(tmp_path / "ws")], backend=Backend(fit, fake_prepare),
               extra_studies={"gpu": study})
     assert rc == 0
-    calls = [json.loads(p.read_text()) for p in records.glob("*.json")]
-    assert len(calls) == 4
+    # The 4 search trials (held at the barrier together), then the confirmation run.
+    files = sorted(records.glob("*.json"), key=lambda p: int(p.stem.split("-")[1]))
+    calls = [json.loads(p.read_text()) for p in files][:4]
+    assert len(files) == 5
     devices = [c["cuda_visible_devices"] for c in calls]
     assert all(d is not None and len(d.split(",")) == 1 for d in devices), devices
     assert len(set(devices)) == 4, devices

@@ -12,6 +12,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -21,6 +22,7 @@ from mlflow.tracking import MlflowClient
 from icr.config import key_specs
 from studies.catalog import Condition, Study
 from studies.fakes import FakeFit, fake_prepare
+from studies.ltd_bound import TABLE_1, figure_3
 from studies.pipeline import Backend
 from studies.run import main
 
@@ -56,7 +58,8 @@ def fake_study(tmp_path: Path, budget: int = 6, conditions: tuple[str, ...] = ("
         name="fake", description="fake study", space_file=str(tmp_path / "space.yaml"),
         base={"train.warmup_epochs": 2, "train.finetune_epochs": 2, "eval.test": False},
         conditions=tuple(known[c] for c in conditions), budget=budget, seeds=3,
-        grace_period=1, reduction_factor=2, max_failures=1,
+        grace_period=1, reduction_factor=2, max_failures=1, startup_trials=3,
+        tables=(replace(TABLE_1, baseline=conditions[0]),), figures=figure_3(),
     )
 
 
@@ -68,7 +71,8 @@ def child_runs(workspace: Path, experiment: str = "fake") -> pd.DataFrame:
         if run.data.tags.get("icr.role") != "trial":
             continue
         history = client.get_metric_history(run.info.run_id, "val_rsum")
-        rows.append({"run_id": run.info.run_id, "status": run.info.status, **run.data.tags,
+        rows.append({"run_id": run.info.run_id, "run_name": run.info.run_name,
+                     "status": run.info.status, **run.data.tags,
                      "steps": sorted(m.step for m in history),
                      "trajectory": len(client.get_metric_history(run.info.run_id, "trajectory/lambda")),
                      "params": dict(run.data.params)})
@@ -107,14 +111,21 @@ def test_fake_study_end_to_end(cluster, tmp_path: Path) -> None:
     for _, run in runs.iterrows():
         assert {"study", "condition", "seed", "git_commit", "data_fingerprint", "tune_trial_id"} <= set(run.index)
         assert run["data_fingerprint"] == "fake-default-0"
-        assert len(run["params"]) == len(key_specs())
+        assert len(run["params"]) < len(key_specs())  # only the keys its configuration uses
+        assert ("objective.eta" in run["params"]) == (run["condition"] == "lagrangian")
+        assert run["condition"] in run["run_name"]
+    lag = runs[(runs["phase"] == "search") & (runs["condition"] == "lagrangian")]
+    assert all(f"eta={float(p['objective.eta']):.3g}" in n
+               for p, n in zip(lag["params"], lag["run_name"], strict=True))
+    assert (runs[runs["condition"] == "contrastive"]["trajectory"] == 0).all()  # no lambda series
 
     # The confirmation runs: 2 conditions x 3 seeds, eval.test on; seed 1001 failed (FAILED in MLflow)
     confirm = runs[runs["phase"] == "confirm"]
     assert len(confirm) == 6 and set(confirm["seed"]) == {"1000", "1001", "1002"}
     assert all(p["eval.test"] == "True" for p in confirm["params"])
     failed = confirm[confirm["status"] == "FAILED"]
-    assert set(failed["seed"]) == {"1001"} and all("non-finite loss" in e for e in failed["error"])
+    assert set(failed["seed"]) == {"1001"}
+    assert all(e.startswith("TrainingError: non-finite loss at epoch 2") for e in failed["error"])
     assert (confirm[confirm["seed"] != "1001"]["status"] == "FINISHED").all()
     from ray.tune import ExperimentAnalysis
 
@@ -124,18 +135,23 @@ def test_fake_study_end_to_end(cluster, tmp_path: Path) -> None:
 
     # The report: tables, every trial, figures, logged to the parent run.
     report = workspace / "reports" / "fake"
-    table = (report / "table.md").read_text()
-    assert "BL + LTD, L_lag (eta=" in table and "+-" in table
-    assert "\\begin{tabular}" in (report / "table.tex").read_text()
+    table = (report / "table1.md").read_text()
+    assert "BL + LTD, L_lag (eta=" in table and "±" in table and "Welch" in table
+    assert "\\begin{tabular}" in (report / "table1.tex").read_text()
     trials = pd.read_csv(report / "trials.csv")
     assert len(trials) == len(runs) and "objective.eta" in trials and "val_rsum" in trials
+    assert trials["error"].fillna("").str.contains("non-finite loss").sum() == 2
     for figure in ("lambda_per_eta.png", "lrec_per_eta.png", "val_rsum_per_epoch.png",
                    "best_val_rsum_vs_eta.png"):
         assert (report / figure).stat().st_size > 1000
     client = MlflowClient(f"sqlite:///{workspace / 'mlflow.db'}")
     artifacts = {a.path for a in client.list_artifacts(state["parent_run_id"], "report")}
-    assert "report/table.md" in artifacts and "report/lambda_per_eta.png" in artifacts
-    assert client.get_run(state["parent_run_id"]).info.status == "FINISHED"
+    assert "report/table1.md" in artifacts and "report/lambda_per_eta.png" in artifacts
+    parent = client.get_run(state["parent_run_id"])
+    assert parent.info.status == "FINISHED"
+    assert "BL + LTD, L_lag" in parent.data.tags["mlflow.note.content"]  # the table, as description
+    assert parent.data.tags["mlflow.source.git.commit"] == parent.data.tags["git_commit"]
+    assert "lagrangian/test_rsum/mean" in parent.data.metrics
 
 
 DRIVER = """
@@ -212,4 +228,4 @@ def test_resume_after_the_driver_is_killed(cluster, tmp_path: Path) -> None:
     assert all(c["epochs_run"] <= 4 - c["resumed_after"] for c in resumed)
     state = json.loads(next((workspace / "ray" / "fake").iterdir()).joinpath("state.json").read_text())
     assert state["phase"] == "done"
-    assert (workspace / "reports" / "fake" / "table.md").is_file()
+    assert (workspace / "reports" / "fake" / "table1.md").is_file()

@@ -8,7 +8,9 @@ import torch
 
 from icr.config import from_flat
 from icr.errors import ConfigError, TrainingError
-from icr.train import find_checkpoint, fit, lr_factor, restore, swa_snapshot_steps
+from icr.train import EpochReport, find_checkpoint, fit, load_trained
+from icr.train.checkpoint import load_checkpoint, save_checkpoint
+from icr.train.recipe import lr_factor, swa_snapshot_steps
 
 TINY = {
     "data.preset": "tiny",
@@ -50,16 +52,17 @@ def test_swa_snapshots_span_the_last_tenth():
 
 
 def test_two_epoch_fit_reports_every_epoch(workspace, tmp_path):
-    reports = []
-    result = fit(tiny(), lambda m, d: reports.append((m, sorted(p.name for p in d.iterdir()))),
+    reports: list[tuple[EpochReport, list[str]]] = []
+    result = fit(tiny(), lambda r: reports.append((r, sorted(p.name for p in r.checkpoint.iterdir()))),
                  workspace=workspace, run_dir=tmp_path)
-    assert [m["epoch"] for m, _ in reports] == [1, 2]
-    last, files = reports[-1]
-    assert {"state.pt", "best_model.pt", "trajectory.csv"} <= set(files)
+    assert [r.epoch for r, _ in reports] == [1, 2]
+    assert [r.final for r, _ in reports] == [False, True]
+    last, files = reports[-1][0].metrics, reports[-1][1]
+    assert {"state.pt", "best_model.pt"} <= set(files)
     for key in ("val_rsum", "val_i2t_R_at_1", "val_t2i_R_at_10", "val_i2t_rprec",
                 "val_t2i_nDCG_at_25", "train_loss", "train_L_con", "lr", "test_rsum"):
         assert key in last and math.isfinite(last[key]), key
-    assert "test_rsum" not in reports[0][0]  # test is evaluated once, at the end
+    assert "test_rsum" not in reports[0][0].metrics  # test is evaluated once, at the end
     assert result.test is not None and result.test["rsum"] == last["test_rsum"]
     assert 0 <= last["val_rsum"] <= 600
 
@@ -68,22 +71,33 @@ def test_two_epoch_fit_reports_every_epoch(workspace, tmp_path):
 def test_lagrangian_fit_reports_lambda_and_trajectory(workspace, tmp_path, decoder):
     config = tiny(decoder__name=decoder, objective__name="lagrangian", objective__eta=0.05,
                   eval__test=False)
-    reports = []
-    fit(config, lambda m, d: reports.append((m, (d / "trajectory.csv").read_text())),
-        workspace=workspace, run_dir=tmp_path)
-    metrics, trajectory = reports[-1]
+    reports: list[EpochReport] = []
+    result = fit(config, reports.append, workspace=workspace, run_dir=tmp_path)
+    metrics = reports[-1].metrics
     assert 0.0 <= metrics["lambda"] <= 100.0 and "train_L_rec" in metrics
-    header, *rows = trajectory.strip().splitlines()
-    assert header == "step,epoch,loss,L_con,L_rec,lambda" and len(rows) >= 2
+    assert "train_lambda" not in metrics  # lambda is the multiplier's state, not a loss term
+    rows = [row for r in reports for row in r.trajectory]
+    assert len(rows) >= 2 and rows == result.trajectory
+    assert all(set(row) == {"step", "epoch", "loss", "L_con", "L_rec", "lambda"} for row in rows)
+    steps = [row["step"] for row in rows]
+    assert steps == sorted(set(steps))  # each step reported once, in order
+
+
+def test_contrastive_trajectory_has_no_placeholder_columns(workspace, tmp_path):
+    reports: list[EpochReport] = []
+    fit(tiny(eval__test=False, train__finetune_epochs=0), reports.append, workspace=workspace,
+        run_dir=tmp_path)
+    rows = [row for r in reports for row in r.trajectory]
+    assert rows and all(set(row) == {"step", "epoch", "loss", "L_con"} for row in rows)
 
 
 def test_resume_gives_the_metrics_of_an_uninterrupted_run(workspace, tmp_path):
     config = tiny(decoder__name="ltd", objective__name="lagrangian", objective__eta=0.1)
     saved = tmp_path / "after-epoch-1"
 
-    def keep_first(metrics, directory):
-        if metrics["epoch"] == 1:
-            shutil.copytree(directory, saved)
+    def keep_first(report):
+        if report.epoch == 1:
+            shutil.copytree(report.checkpoint, saved)
 
     full = fit(config, keep_first, workspace=workspace, run_dir=tmp_path / "a")
     resumed = fit(config, resume_from=saved, workspace=workspace, run_dir=tmp_path / "b")
@@ -92,6 +106,7 @@ def test_resume_gives_the_metrics_of_an_uninterrupted_run(workspace, tmp_path):
         if key != "epoch_time_s":
             assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-6), key
     assert full.test == pytest.approx(resumed.test)
+    assert [r["step"] for r in resumed.trajectory] == [r["step"] for r in full.trajectory]
 
 
 def test_a_save_interrupted_between_its_renames_leaves_a_checkpoint(workspace, tmp_path):
@@ -101,9 +116,11 @@ def test_a_save_interrupted_between_its_renames_leaves_a_checkpoint(workspace, t
     checkpoint.rename(tmp_path / "checkpoint.old")
     (tmp_path / "checkpoint.tmp").mkdir()
     assert find_checkpoint(checkpoint) == tmp_path / "checkpoint.old"
-    trainer = restore(config, checkpoint, workspace=workspace)  # falls back to it
-    assert trainer.epoch == 1 and len(trainer.history) == 1
-    trainer.save(checkpoint)
+    task = load_trained(config, checkpoint, workspace=workspace)  # falls back to it
+    assert task.evaluate("val")["rsum"] >= 0
+    found, state, best = load_checkpoint(checkpoint)
+    assert state["loop"]["epoch"] == 1 and best is not None
+    save_checkpoint(checkpoint, state, best)
     assert find_checkpoint(checkpoint) == checkpoint
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint"]
     assert find_checkpoint(tmp_path / "nothing-here") is None
@@ -112,16 +129,16 @@ def test_a_save_interrupted_between_its_renames_leaves_a_checkpoint(workspace, t
 def test_resume_with_another_config_is_refused(workspace, tmp_path):
     saved = tmp_path / "ckpt"
     fit(tiny(train__finetune_epochs=0, eval__test=False),
-        lambda m, d: shutil.copytree(d, saved), workspace=workspace, run_dir=tmp_path / "a")
+        lambda r: shutil.copytree(r.checkpoint, saved), workspace=workspace, run_dir=tmp_path / "a")
     with pytest.raises(ConfigError, match="another config"):
         fit(tiny(loss__tau=0.1), resume_from=saved, workspace=workspace, run_dir=tmp_path / "b")
 
 
 def test_non_finite_loss_stops_the_trial(workspace, tmp_path, monkeypatch):
-    import icr.train
+    import icr.train.retrieval
 
-    real = icr.train.loss_from_config
-    monkeypatch.setattr(icr.train, "loss_from_config",
+    real = icr.train.retrieval.loss_from_config
+    monkeypatch.setattr(icr.train.retrieval, "loss_from_config",
                         lambda section: lambda sims, ids: real(section)(sims, ids) * torch.nan)
     with pytest.raises(TrainingError, match="non-finite loss at epoch 1, step 1"):
         fit(tiny(), workspace=workspace, run_dir=tmp_path)
@@ -130,3 +147,11 @@ def test_non_finite_loss_stops_the_trial(workspace, tmp_path, monkeypatch):
 def test_objective_needing_a_decoder_is_a_config_error(workspace, tmp_path):
     with pytest.raises(ConfigError, match="decoder.name=ltd"):
         fit(tiny(objective__name="dual"), workspace=workspace, run_dir=tmp_path)
+
+
+def test_checkpoints_load_without_unpickling_code(workspace, tmp_path):
+    """A checkpoint holds tensors, numbers and containers only: weights_only=True reads it."""
+    fit(tiny(train__finetune_epochs=0, eval__test=False, decoder__name="ltd",
+             objective__name="lagrangian"), workspace=workspace, run_dir=tmp_path)
+    state = torch.load(tmp_path / "checkpoint" / "state.pt", weights_only=True)
+    assert state["loop"]["epoch"] == 1 and "multiplier" in state["task"]["objective"]

@@ -124,15 +124,20 @@ def read_glove_text(path: Path) -> WordVectors:
     words: list[str] = []
     rows: list[list[str]] = []
     dim = None
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            parts = line.rstrip("\n").rstrip(" ").split(" ")
-            if dim is None:
-                dim = len(parts) - 1
-            if len(parts) <= dim or dim < 1:
-                raise DataError(f"{path}:{lineno}: expected a word and {dim} numbers")
-            words.append(" ".join(parts[:-dim]))
-            rows.append(parts[-dim:])
+    lineno = 0
+    try:
+        with open(path, encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                parts = line.rstrip("\n").rstrip(" ").split(" ")
+                if dim is None:
+                    dim = len(parts) - 1
+                if len(parts) <= dim or dim < 1:
+                    raise DataError(f"{path}:{lineno}: expected a word and {dim} numbers")
+                words.append(" ".join(parts[:-dim]))
+                rows.append(parts[-dim:])
+    except UnicodeDecodeError:
+        raise DataError(f"{path}:{lineno + 1}: not UTF-8 text; a GloVe file is UTF-8 text with a "
+                        "word and its numbers per line") from None
     if not rows:
         raise DataError(f"GloVe file {path} is empty")
     try:

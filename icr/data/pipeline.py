@@ -10,9 +10,9 @@ study) find it ready. :class:`PairDataset` and :func:`collate_pairs` feed traini
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,12 +22,14 @@ from PIL import Image
 from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
-from icr.config import ExperimentConfig
-from icr.data import cxc, karpathy, precomp
+from icr.config import ExperimentConfig, used_keys
+from icr.data import cxc, precomp
+from icr.data.captions import CaptionInput, VocabInput, WordpieceInput
+from icr.data.datasets import SPLITS, DatasetSource, load_source
 from icr.data.glove import embedding_matrix, load_glove
 from icr.data.targets import latent_targets
 from icr.data.types import CaptionedImages
-from icr.data.vocab import Vocabulary, augment_caption
+from icr.data.vocab import Vocabulary
 from icr.errors import ConfigError, DataError
 from icr.io import save_npy_atomic
 from icr.metrics.relevance import cached_relevance
@@ -36,7 +38,6 @@ from icr.workspace import Workspace
 
 log = logging.getLogger(__name__)
 
-SPLITS = ("train", "val", "test")
 # ImageNet statistics: what pretrained torchvision backbones expect; harmless from scratch.
 _MEAN = (0.485, 0.456, 0.406)
 _STD = (0.229, 0.224, 0.225)
@@ -53,69 +54,61 @@ class EvalAssets:
 
 @dataclass(frozen=True)
 class PreparedData:
-    root: Path
+    source: DatasetSource
     splits: dict[str, CaptionedImages]
     images: dict[str, torch.Tensor]  # split -> (N, 3, H, W) uint8 pixels or (N, R, D) regions
-    vocab: Vocabulary
+    pixels: PixelNorm  # how the image encoder wants its pixels normalised
+    vocab: Vocabulary  # of the training captions (GRU encoders, the ITD decoder, probes)
+    captions: CaptionInput  # what the caption encoder reads (vocab ids or wordpieces)
     word_vectors: torch.Tensor | None  # (V, word_dim)
     targets: np.ndarray | None  # (C_train, D_target) latent targets of the training captions
     eval_assets: dict[str, EvalAssets]
     fingerprint: str  # identifies the data (files + split contents) for tracking
 
-
-def dataset_root(config: ExperimentConfig, workspace: Workspace) -> Path:
-    """The dataset folder; the embedded benchmark is generated there on first use."""
-    d = config.data
-    if d.dataset == "shapes":
-        from icr.data.synthetic import ensure_benchmark
-
-        root = Path(d.root) if d.root else workspace.data / f"shapes-{d.preset}-{d.seed}"
-        return ensure_benchmark(root, d.preset, d.seed)
-    if d.dataset == "precomp":
-        if not d.precomp_dir:
-            raise ConfigError("data.dataset=precomp needs data.precomp_dir=<SCAN/BUTD folder>")
-        return Path(d.precomp_dir)
-    if not d.karpathy_json:
-        raise ConfigError("data.dataset=karpathy needs data.karpathy_json=<path to the split JSON>")
-    return Path(d.karpathy_json).parent
-
-
-def load_splits(config: ExperimentConfig, root: Path) -> dict[str, CaptionedImages]:
-    d = config.data
-    if d.dataset == "precomp":
-        return {s: precomp.load_precomp(root, s).images for s in SPLITS}
-    if d.dataset == "shapes":
-        json_path, image_root = root / "dataset_shapes.json", root / "images"
-    else:
-        json_path = Path(d.karpathy_json)
-        image_root = Path(d.image_root) if d.image_root else json_path.parent / "images"
-    return {s: karpathy.load_karpathy(json_path, s, image_root=image_root) for s in SPLITS}
+    @property
+    def root(self) -> Path:
+        return self.source.root
 
 
 def prepare_data(
     config: ExperimentConfig, workspace: Workspace, device: torch.device | None = None
 ) -> PreparedData:
     """Load or build every asset a trial of ``config`` needs (cached; see module docstring)."""
-    root = dataset_root(config, workspace)
-    splits = load_splits(config, root)
-    fp = data_fingerprint(splits)
+    source = load_source(config, workspace)
+    splits = source.splits
     cache = workspace.cache
-    images = {s: image_inputs(config, root, splits[s], cache) for s in SPLITS}
+    images = {s: image_inputs(config, source, splits[s], cache) for s in SPLITS}
     vocab = cached_vocabulary(splits["train"], config.text.vocab_min_count, cache)
+    captions = caption_input(config, vocab)
+    pixels = pixel_normalizer(config)
     word_vectors = None
-    if config.text.glove != "none":
+    if "text.glove" in used_keys(config) and config.text.glove != "none":
         path = None if config.text.glove == "glove-6b-50d" else config.text.glove
         vectors = load_glove(path, dim=config.text.word_dim, cache_dir=cache / "glove")
         generator = torch.Generator().manual_seed(config.train.seed)
         word_vectors = embedding_matrix(vocab, vectors, config.text.word_dim, generator)
     targets = None
-    if config.decoder.name == "ltd":
+    if "decoder.target_model" in used_keys(config):  # a decoder that reconstructs latent targets
         targets = latent_targets(
             list(splits["train"].captions), cache / "targets", model=config.decoder.target_model,
             device=str(device) if device is not None else None,
         )
-    assets = {s: eval_assets(config, root, splits[s], cache) for s in ("val", "test")}
-    return PreparedData(root, splits, images, vocab, word_vectors, targets, assets, fp)
+    assets = {s: eval_assets(config, source, splits[s], cache) for s in ("val", "test")}
+    return PreparedData(source, splits, images, pixels, vocab, captions, word_vectors, targets,
+                        assets, data_fingerprint(splits))
+
+
+def caption_input(config: ExperimentConfig, vocab: Vocabulary) -> CaptionInput:
+    """The caption input of ``text.encoder``: vocabulary ids, or its tokenizer's wordpieces."""
+    from icr.models.build import caption_input_kind
+
+    t = config.text
+    if caption_input_kind(config) == "wordpiece":
+        from icr.models.tokens import load_bert_tokenizer
+
+        return WordpieceInput(load_bert_tokenizer(t.bert_path or None), t.max_len, t.unk_prob,
+                              t.delete_prob)
+    return VocabInput(vocab, t.max_len, t.unk_prob, t.delete_prob)
 
 
 def data_fingerprint(splits: dict[str, CaptionedImages]) -> str:
@@ -137,16 +130,15 @@ def _split_key(split: CaptionedImages, *extra: object) -> str:
 
 
 def image_inputs(
-    config: ExperimentConfig, root: Path, split: CaptionedImages, cache: Path
+    config: ExperimentConfig, source: DatasetSource, split: CaptionedImages, cache: Path
 ) -> torch.Tensor:
     """What the image encoder reads: decoded pixels, or precomputed region features."""
     if config.data.features == "pixels":
         return cached_images(split, config.data.image_size, cache)
-    d = config.data
-    folder = Path(d.precomp_dir) if d.precomp_dir else root / "precomp" if d.dataset == "shapes" else None
+    folder = Path(config.data.precomp_dir) if config.data.precomp_dir else source.regions_dir
     if folder is None:
         raise ConfigError("data.features=regions needs data.precomp_dir=<SCAN/BUTD folder>")
-    return region_features(precomp.load_precomp(folder, split.split), split, d.image_size)
+    return region_features(precomp.load_precomp(folder, split.split), split, config.data.image_size)
 
 
 def region_features(regions: precomp.PrecompSplit, split: CaptionedImages, image_size: int) -> torch.Tensor:
@@ -204,41 +196,75 @@ def cached_vocabulary(train: CaptionedImages, min_count: int, cache: Path) -> Vo
 
 
 def eval_assets(
-    config: ExperimentConfig, root: Path, split: CaptionedImages, cache: Path
+    config: ExperimentConfig, source: DatasetSource, split: CaptionedImages, cache: Path
 ) -> EvalAssets:
     """Relevance (nDCG) and extended positives (CxC) of an evaluation split, when available."""
     d = config.data
-    relevance = None
-    if d.relevance == "rouge":
-        refs = [[] for _ in range(split.num_images)]
+    given = getattr(d, f"cxc_{split.split}")
+    cxc_path = Path(given) if given else None
+    if cxc_path is not None and not cxc_path.exists():
+        raise DataError(f"{cxc_path}: CxC file not found (data.cxc_{split.split})")
+    path = cxc_path or source.cxc.get(split.split)
+    ext_i2t = ext_t2i = None
+    if path is not None:
+        ext_i2t, ext_t2i = cxc.extended_positives(split, path, min_score=d.cxc_min_score)
+    return EvalAssets(relevance_matrix(d.relevance, source, split, cache), ext_i2t, ext_t2i)
+
+
+def relevance_matrix(
+    choice: str, source: DatasetSource, split: CaptionedImages, cache: Path
+) -> np.ndarray | None:
+    """The nDCG relevance of a split: ``auto`` (the dataset's semantic matrix when it ships one,
+    else ROUGE-L), ``semantic``, ``rouge`` (TERN protocol, computed here), ``none``, or a path."""
+    shipped = source.relevance.get(split.split, {})
+    if choice == "auto":
+        choice = "semantic" if "semantic" in shipped else "rouge"
+    if choice == "none":
+        return None
+    if choice == "rouge":
+        refs: list[list[str]] = [[] for _ in range(split.num_images)]
         for caption, image in zip(split.captions, split.caption_image, strict=True):
             refs[int(image)].append(caption)
-        relevance = cached_relevance(
+        return cached_relevance(
             list(split.captions), refs, list(map(int, split.caption_image)), cache / "relevance"
         )
-    elif d.relevance != "none":
-        from icr.data.relevance import load_relevance
+    if choice in shipped:
+        path = shipped[choice]
+    elif "/" in choice or choice.endswith(".npy"):
+        path = Path(choice)
+    else:
+        raise ConfigError(f"data.relevance={choice}: the dataset ships no {choice!r} matrix; use "
+                          "auto, rouge, none or a path to an .npy matrix")
+    from icr.data.relevance import load_relevance
 
-        relevance = load_relevance(Path(d.relevance), split.num_captions, split.num_images)
-    cxc_path = getattr(d, f"cxc_{split.split}")
-    path = Path(cxc_path) if cxc_path else root / "cxc" / f"sits_{split.split}.csv"
-    ext_i2t = ext_t2i = None
-    if path.exists():
-        ext_i2t, ext_t2i = cxc.extended_positives(split, path, min_score=d.cxc_min_score)
-    elif cxc_path:
-        raise DataError(f"{path}: CxC file not found (data.cxc_{split.split})")
-    return EvalAssets(relevance, ext_i2t, ext_t2i)
+    return load_relevance(path, split.num_captions, split.num_images)
 
 
-def image_input(images: torch.Tensor, start: int, stop: int) -> torch.Tensor:
-    """Rows ``start:stop`` as the encoder reads them: pixels normalised, region features as is."""
+PixelNorm = Callable[[torch.Tensor], torch.Tensor]  # RGB in [0, 1] (B, 3, H, W) -> encoder input
+
+
+def image_input(
+    images: torch.Tensor, start: int, stop: int, normalize: PixelNorm | None = None
+) -> torch.Tensor:
+    """Rows ``start:stop`` as the encoder reads them: pixels normalised (ImageNet statistics
+    unless the encoder registered its own), region features as they are."""
     rows = images[start:stop]
-    return normalize_images(rows) if rows.dtype == torch.uint8 else rows
+    if rows.dtype != torch.uint8:
+        return rows
+    return (normalize or imagenet_normalize)(rows.float().div_(255.0))
 
 
-def normalize_images(images: torch.Tensor) -> torch.Tensor:
-    """uint8 (B, 3, H, W) -> normalised float (B, 3, H, W)."""
-    x = images.float().div_(255.0)
+def pixel_normalizer(config: ExperimentConfig) -> PixelNorm:
+    """How ``image.encoder`` wants its pixels: its registered ``normalize`` of [0, 1] RGB, or the
+    ImageNet statistics of torchvision's pretrained backbones."""
+    from icr.models.image import IMAGE_ENCODERS
+
+    own = IMAGE_ENCODERS.meta(config.image.encoder).get("normalize")
+    return own or imagenet_normalize
+
+
+def imagenet_normalize(x: torch.Tensor) -> torch.Tensor:
+    """RGB in [0, 1] (B, 3, H, W) -> standardised with the ImageNet statistics."""
     mean = x.new_tensor(_MEAN).view(1, 3, 1, 1)
     std = x.new_tensor(_STD).view(1, 3, 1, 1)
     return (x - mean) / std
@@ -249,32 +275,31 @@ class PairDataset(Dataset):
 
     Each caption is used once per epoch (LTD paper, Section 3.1). Augmentation draws from a
     generator seeded by (seed, epoch, caption index), so an epoch is reproducible whatever the
-    number of workers and a resumed run sees the same data as an uninterrupted one.
+    number of workers and a resumed run sees the same data as an uninterrupted one. ``tokens`` are
+    what the caption encoder reads (:mod:`icr.data.captions`); ``clean_tokens`` the vocabulary ids
+    of the caption, which the ITD decoder reconstructs.
     """
 
     def __init__(
         self,
         split: CaptionedImages,
         images: torch.Tensor,
+        captions: CaptionInput,
         vocab: Vocabulary,
         *,
+        normalize: PixelNorm | None = None,
         max_len: int,
-        unk_prob: float,
-        delete_prob: float,
         random_erasing: float,
         targets: np.ndarray | None,
         seed: int,
     ) -> None:
-        self.split, self.images, self.vocab = split, images, vocab
-        self.max_len, self.unk_prob, self.delete_prob = max_len, unk_prob, delete_prob
+        self.split, self.images, self.captions = split, images, captions
+        self.normalize = normalize
         self.targets = None if targets is None else torch.from_numpy(np.asarray(targets))
         self.erase = v2.RandomErasing(p=random_erasing) if random_erasing > 0 else None
         self.seed, self.epoch = seed, 0
-        self.ids = [vocab.encode(c, add_start_end=False)[: max_len - 2] for c in split.captions]
-        self.clean_ids = [self._with_start_end(ids) for ids in self.ids]
-
-    def _with_start_end(self, ids: list[int]) -> torch.Tensor:
-        return torch.tensor([self.vocab.start_id, *ids, self.vocab.end_id], dtype=torch.long)
+        clean = VocabInput(vocab, max_len, 0.0, 0.0)
+        self.clean_ids = [clean.ids(c) for c in split.captions]
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -285,15 +310,14 @@ class PairDataset(Dataset):
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         rng = random.Random(derive_seed(self.seed, self.epoch, index))
         image_index = int(self.split.caption_image[index])
-        image = image_input(self.images, image_index, image_index + 1)[0]  # (3, H, W) or (R, D)
+        image = image_input(self.images, image_index, image_index + 1, self.normalize)[0]  # (3, H, W) or (R, D)
         if self.erase is not None and image.dim() == 3:
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(rng.getrandbits(62))
                 image = self.erase(image)
-        ids = augment_caption(self.ids[index], self.vocab.unk_id, rng, self.unk_prob, self.delete_prob)
         item = {
             "image": image,
-            "tokens": self._with_start_end(ids),
+            "tokens": self.captions.augmented(self.split.captions[index], rng),
             "clean_tokens": self.clean_ids[index],
             "image_index": torch.tensor(image_index),
         }
@@ -323,14 +347,6 @@ def collate_pairs(items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tenso
     return batch
 
 
-def encode_split_captions(split: CaptionedImages, vocab: Vocabulary, max_len: int) -> list[torch.Tensor]:
-    """Token ids of every caption of an evaluation split, without augmentation."""
-    return [
-        torch.tensor([vocab.start_id, *vocab.encode(c, add_start_end=False)[: max_len - 2], vocab.end_id])
-        for c in split.captions
-    ]
-
-
-def describe(data: PreparedData) -> str:
-    sizes = {s: (data.splits[s].num_images, data.splits[s].num_captions) for s in SPLITS}
-    return json.dumps({"root": str(data.root), "sizes": sizes, "vocab": len(data.vocab)})
+def encode_split_captions(split: CaptionedImages, captions: CaptionInput) -> list[torch.Tensor]:
+    """The clean ids of every caption of a split, as the caption encoder reads them."""
+    return [captions.ids(c) for c in split.captions]

@@ -49,7 +49,7 @@ def split_output(out: Tensor | LossOutput) -> tuple[Tensor, dict[str, Tensor]]:
     return out, {}
 
 
-LOSSES: Registry = Registry("contrastive loss")
+LOSSES: Registry = Registry("contrastive loss", section="loss", package="icr.losses")
 
 _DATA_ARGS = ("sims", "image_ids")
 

@@ -5,15 +5,25 @@ Protocol (REFERENCE_NOTES.md, sections 1, 2 and 5; LTD paper, section 4.3 "Evalu
 - i2t: an image query; its positives are its captions (``caption_image`` is the ground truth, never
   the diagonal). The rank of the query is the best rank among its positives.
 - t2i: a caption query; its one positive is its image.
-- Recall@k (percent): share of queries whose rank is at most k; ``rsum`` is the sum of the recalls.
+- Recall@k (percent): share of queries whose rank is at most k; ``rsum`` is the sum of the recalls;
+  ``{i2t,t2i}_avg_recall`` the mean of a direction's recalls (the metric-learning paper's Table 1).
 - medr / meanr: median / mean rank, ranks from 1. The median follows VSE++ (``floor(median) + 1`` of
   0-based ranks, i.e. ``floor(median)`` of 1-based ranks, which differs from the plain median only
   when the number of queries is even and the two middle ranks differ by an odd number).
 - R-precision (percent): with R positives, the share of the top R candidates that are positives
   (Chun et al. 2021, as used in Table 1 of the LTD paper). i2t uses R = the image's captions (5).
   Plain t2i R-precision is not reported: with R = 1 it is R@1 again (the LTD table leaves it "-").
-- mAP@5 (percent), i2t: AP@5 = sum_{k<=5} P@k * rel_k / min(5, #positives)
-  (section 5 of the metric-learning-losses paper).
+- mAP@5 (percent), i2t, in two normalisations, identical when every positive is in the top 5
+  and different otherwise (one hit at rank 3 of 5 positives: 1/3 against 1/15):
+
+  - ``i2t_mAP_at_5``: the mean, over the positives found in the top 5, of P@rank (their order
+    among the hits over their rank), 0 when none is found. This is what the ECIR code of the
+    metric-learning-losses paper computes (``shared/evaluation/utils.py``, ``average_precision``)
+    and so what its Table 1 reports (e.g. 0.41 at i2t R@1 30.8): use it to compare with that paper.
+  - ``i2t_mAPnorm_at_5``: AP@5 = sum_{k<=5} P@k * rel_k / min(5, #positives), the textbook
+    truncated AP, which also charges for the positives missing from the top 5 (the ECIR value
+    rewards a model that finds one positive at rank 1 and no other with a perfect 1.0). Use it
+    for comparisons within this project.
 - nDCG@25 (percent), t2i, graded relevance (TERN protocol, Messina et al. 2021): gains 2^rel - 1,
   discount log2(rank + 1), ideal DCG from the 25 largest relevances of the query's row, 0 when the
   ideal is 0.
@@ -77,7 +87,8 @@ def retrieval_metrics(
 
     Returns:
         ``i2t_R_at_{k}``, ``t2i_R_at_{k}`` for k in ``ks``, ``rsum``, ``i2t_medr``, ``i2t_meanr``,
-        ``t2i_medr``, ``t2i_meanr``, ``i2t_rprec``, ``i2t_mAP_at_5``; with ``relevance``
+        ``t2i_medr``, ``t2i_meanr``, ``i2t_rprec``, ``i2t_mAP_at_5``, ``i2t_mAPnorm_at_5``;
+        with ``relevance``
         ``t2i_nDCG_at_25``; with ``extended_i2t`` ``cxc_i2t_R_at_{k}`` and ``cxc_i2t_rprec``; with
         ``extended_t2i`` ``cxc_t2i_R_at_{k}`` and ``cxc_t2i_rprec``.
 
@@ -121,11 +132,15 @@ def retrieval_metrics(
 
     metrics = recall_at_k(i2t["best"], ks, prefix="i2t_") | recall_at_k(t2i["best"], ks, "t2i_")
     metrics["rsum"] = sum(metrics.values())
+    for d in ("i2t", "t2i"):  # the "average recall" of the metric-learning paper's Table 1
+        metrics[f"{d}_avg_recall"] = sum(metrics[f"{d}_R_at_{k}"] for k in ks) / len(ks)
     metrics |= rank_summary(i2t["best"], prefix="i2t_") | rank_summary(t2i["best"], "t2i_")
     i2t_counts = (own_captions >= 0).sum(1)  # (N_img,)
     metrics["i2t_rprec"] = _percent(r_precision(i2t["ranks"], i2t_counts))
-    ap = average_precision_at_k(i2t["ranks"], i2t_counts, MAP_DEPTH)  # (N_img,)
-    metrics[f"i2t_mAP_at_{MAP_DEPTH}"] = _percent(ap)
+    ap_hits = average_precision_of_hits(i2t["ranks"], MAP_DEPTH)  # (N_img,)
+    metrics[f"i2t_mAP_at_{MAP_DEPTH}"] = _percent(ap_hits)
+    ap_norm = average_precision_at_k(i2t["ranks"], i2t_counts, MAP_DEPTH)  # (N_img,)
+    metrics[f"i2t_mAPnorm_at_{MAP_DEPTH}"] = _percent(ap_norm)
     if relevance is not None:
         metrics[f"t2i_nDCG_at_{NDCG_DEPTH}"] = _percent(t2i["ndcg"])
     for direction, positives, scan in (("i2t", cxc_i2t, i2t), ("t2i", cxc_t2i, t2i)):
@@ -437,10 +452,9 @@ def r_precision(ranks: torch.Tensor, num_positives: torch.Tensor) -> torch.Tenso
 def average_precision_at_k(
     ranks: torch.Tensor, num_positives: torch.Tensor, k: int
 ) -> torch.Tensor:
-    """Per-query AP@k = sum_{j<=k} P@j * rel_j / min(k, #positives).
+    """Per-query AP@k = sum_{j<=k} P@j * rel_j / min(k, #positives) (truncated AP).
 
-    Positives have distinct ranks, so the positive of the m-th smallest rank r_m contributes
-    P@r_m = m / r_m when r_m <= k.
+    The positive of the m-th smallest rank r_m contributes P@r_m = m / r_m when r_m <= k.
 
     Args:
         ranks: rank of each positive from 1, exact at least up to k, ``inf`` for padding.
@@ -452,12 +466,47 @@ def average_precision_at_k(
         ranks: ``(Q, P)``; num_positives: ``(Q,)``; returns ``(Q,)`` in [0, 1].
 
     References:
-        Section 5 of the metric-learning-losses paper (mAP@5 for i2t).
+        Manning et al., "Introduction to Information Retrieval", section 8.4 (AP); reported as
+        ``i2t_mAPnorm_at_5`` (see the module docstring).
+    """
+    precision = _precision_at_hits(ranks, k)  # (Q, P)
+    return precision.sum(dim=1) / num_positives.clamp(max=k).double()
+
+
+def average_precision_of_hits(ranks: torch.Tensor, k: int) -> torch.Tensor:
+    """Per-query AP@k as the ECIR code of the metric-learning paper computes it.
+
+    The mean, over the positives ranked within k, of P@rank = (order among those hits) / rank;
+    0 for a query with no positive in the top k. It divides by the number of hits, not by
+    min(k, #positives) as :func:`average_precision_at_k` does.
+
+    Args:
+        ranks: rank of each positive from 1, exact at least up to k, ``inf`` for padding.
+        k: the cut-off.
+
+    Shapes:
+        ranks: ``(Q, P)``; returns ``(Q,)`` in [0, 1].
+
+    References:
+        Bleeker & de Rijke, ECIR 2022, Table 1 (mAP@5); their ``shared/evaluation/utils.py``,
+        ``average_precision``.
+    """
+    precision = _precision_at_hits(ranks, k)  # (Q, P)
+    hits = (ranks <= k).sum(dim=1)  # (Q,)
+    return precision.sum(dim=1) / hits.clamp(min=1).double()
+
+
+def _precision_at_hits(ranks: torch.Tensor, k: int) -> torch.Tensor:
+    """P@r_m = m / r_m for the positive of the m-th smallest rank r_m when r_m <= k, else 0.
+
+    Positives have distinct ranks, so the m-th positive found is the m-th smallest rank.
+
+    Shapes:
+        ranks: ``(Q, P)``; returns ``(Q, P)`` float64.
     """
     sorted_ranks = ranks.sort(dim=1).values.double()  # (Q, P)
     position = torch.arange(1, ranks.shape[1] + 1, device=ranks.device, dtype=torch.double)  # (P,)
-    precision = torch.where(sorted_ranks <= k, position / sorted_ranks, 0.0)  # (Q, P)
-    return precision.sum(dim=1) / num_positives.clamp(max=k).double()
+    return torch.where(sorted_ranks <= k, position / sorted_ranks, 0.0)
 
 
 def ndcg_t2i(

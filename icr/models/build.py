@@ -1,8 +1,9 @@
-"""Builders: turn config sections into the keyword arguments of the model components.
+"""The retrieval model from a config: every component chosen by name through its registry.
 
-The components themselves (:mod:`icr.models.image`, :mod:`icr.models.text`,
-:mod:`icr.models.heads`, :mod:`icr.models.decoders`) take plain arguments; only this module reads
-the config.
+The components themselves (image and caption encoders, poolings, heads, decoders) take plain
+keyword arguments; their registries' builders take the config fields they use plus the context the
+data gives (``in_dim`` of a region, ``vocab_size``, the word vectors, the latent targets' size).
+This module only connects them.
 """
 
 from __future__ import annotations
@@ -12,29 +13,11 @@ from torch import nn
 
 from icr.config import ExperimentConfig
 from icr.errors import ConfigError
-from icr.models.decoders import InputTargetDecoder, LatentTargetDecoder
+from icr.models.decoders import DECODERS
 from icr.models.dual_encoder import DualEncoder
 from icr.models.heads import ProjectionHead
-from icr.models.image import build_image_encoder
-from icr.models.text import GRUCaptionEncoder
-
-
-def image_options(config: ExperimentConfig, region_dim: int | None) -> dict[str, object]:
-    """Keyword arguments of the image encoder named by ``image.encoder``."""
-    image, pixels = config.image, config.data.features == "pixels"
-    if (image.encoder == "regions") == pixels:
-        raise ConfigError(
-            f"image.encoder={image.encoder} does not read data.features={config.data.features}; "
-            "use image.encoder=regions with data.features=regions, a CNN with pixels"
-        )
-    options: dict[str, object] = {"pretrained": image.pretrained}
-    if image.weights_path:
-        options["weights_path"] = image.weights_path
-    if image.encoder == "regions":
-        options.update(in_dim=region_dim, hidden_dim=image.hidden_dim, output_dim=image.output_dim)
-    elif image.encoder == "small_cnn":
-        options["output_dim"] = image.output_dim
-    return options
+from icr.models.image import IMAGE_ENCODERS
+from icr.models.text import TEXT_ENCODERS
 
 
 def build_dual_encoder(
@@ -43,24 +26,27 @@ def build_dual_encoder(
     word_vectors: torch.Tensor | None,
     region_dim: int | None = None,
 ) -> DualEncoder:
-    """The image-caption dual encoder of the LTD paper (Section 4.2), sized by ``config``.
+    """The image-caption dual encoder (LTD paper Section 4.2 and the other papers' variants).
 
     ``region_dim`` is the size of a region vector when the images are precomputed regions.
-
-    BatchNorm follows the projection heads only with a triplet loss, as in the reference code.
+    ``model.head_batchnorm`` puts BatchNorm after the projection heads (the PCME / LTD reference
+    does so with the triplet loss; VSRN always).
     """
-    image_encoder = build_image_encoder(config.image.encoder, **image_options(config, region_dim))
-    caption_encoder = GRUCaptionEncoder(
-        vocab_size,
-        embed_dim=config.text.word_dim,
-        hidden_dim=config.text.hidden_dim,
-        pretrained_embeddings=word_vectors,
+    check_inputs(config)
+    reads_regions = region_dim is not None
+    if reads_regions != (config.data.features == "regions"):  # pragma: no cover - a pipeline bug
+        raise ValueError("region_dim must be given exactly when data.features=regions")
+    image_encoder = IMAGE_ENCODERS.build(
+        config.image.encoder, config.image, **({"in_dim": region_dim} if reads_regions else {})
     )
-    batchnorm = config.loss.name.startswith("triplet")
+    caption_encoder = TEXT_ENCODERS.build(
+        config.text.encoder, config.text, vocab_size=vocab_size, word_vectors=word_vectors
+    )
     hidden = config.model.head_hidden or None
 
     def head(in_dim: int) -> ProjectionHead:
-        return ProjectionHead(in_dim, config.model.embed_dim, hidden_dim=hidden, batchnorm=batchnorm)
+        return ProjectionHead(in_dim, config.model.embed_dim, hidden_dim=hidden,
+                              batchnorm=config.model.head_batchnorm)
 
     return DualEncoder(
         image_encoder, caption_encoder, head(image_encoder.output_dim),
@@ -68,18 +54,26 @@ def build_dual_encoder(
     )
 
 
+def check_inputs(config: ExperimentConfig) -> None:
+    """The image encoder must read what ``data.features`` provides (pixels or regions)."""
+    reads = IMAGE_ENCODERS.meta(config.image.encoder).get("input", "pixels")
+    if reads != config.data.features:
+        fitting = [n for n in IMAGE_ENCODERS.names()
+                   if IMAGE_ENCODERS.meta(n).get("input", "pixels") == config.data.features]
+        raise ConfigError(
+            f"image.encoder={config.image.encoder} reads {reads}, not data.features="
+            f"{config.data.features}; use data.features={reads}, or one of {', '.join(fitting)}"
+        )
+
+
+def caption_input_kind(config: ExperimentConfig) -> str:
+    """``vocab`` or ``wordpiece``: what the caption encoder ``text.encoder`` reads."""
+    return TEXT_ENCODERS.meta(config.text.encoder).get("input", "vocab")
+
+
 def build_decoder(
     config: ExperimentConfig, vocab_size: int, target_dim: int | None
 ) -> nn.Module | None:
-    """The reconstruction decoder: LTD (Eq. 5), ITD (Eq. 4) or none."""
-    name, embed_dim = config.decoder.name, config.model.embed_dim
-    if name == "ltd":
-        if target_dim is None:
-            raise ValueError("the LTD decoder needs the latent targets' dimension")
-        return LatentTargetDecoder(embed_dim, config.decoder.hidden_dim, target_dim)
-    if name == "itd":
-        return InputTargetDecoder(
-            vocab_size, embed_dim=config.decoder.word_dim, hidden_dim=config.decoder.hidden_dim,
-            in_dim=embed_dim,
-        )
-    return None
+    """The reconstruction decoder named by ``decoder.name`` (``none`` gives ``None``)."""
+    return DECODERS.build(config.decoder.name, config.decoder, embed_dim=config.model.embed_dim,
+                          vocab_size=vocab_size, target_dim=target_dim)

@@ -5,8 +5,16 @@ Both take the L2-normalised caption embedding; neither is used at evaluation tim
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 from torch import Tensor, nn
+
+from icr.losses.reconstruction import cosine_reconstruction_loss, token_nll_loss
+from icr.registry import Registry
+
+# Builders take the decoder.* fields they use and the context (embed_dim, vocab_size, target_dim).
+DECODERS: Registry = Registry("decoder", section="decoder", package="icr.models")
 
 
 class LatentTargetDecoder(nn.Module):
@@ -40,6 +48,11 @@ class LatentTargetDecoder(nn.Module):
 
     def forward(self, caption_emb: Tensor) -> Tensor:
         return self.net(caption_emb)  # (B, target_dim)
+
+    def loss(self, caption_emb: Tensor, batch: Mapping[str, Tensor]) -> Tensor:
+        """L_rec of Eq. 6: cosine distance of the reconstruction to the batch's latent targets."""
+        recon = self(caption_emb)  # (B, D_target)
+        return cosine_reconstruction_loss(recon.float(), batch["targets"].to(recon.device))
 
 
 class InputTargetDecoder(nn.Module):
@@ -90,3 +103,33 @@ class InputTargetDecoder(nn.Module):
         h0 = self.init_hidden(caption_emb).unsqueeze(0)  # (1, B, H)
         states, _ = self.gru(inputs, h0.contiguous())  # (B, T, H)
         return self.out(states)  # (B, T, V)
+
+    def loss(self, caption_emb: Tensor, batch: Mapping[str, Tensor]) -> Tensor:
+        """L_rec of Eq. 4: NLL of the clean caption's tokens after ``<start>`` (padding ignored)."""
+        tokens = batch["clean_tokens"][:, 1:].to(caption_emb.device)  # (B, T-1)
+        logits = self(caption_emb, tokens)  # (B, T-1, V)
+        return token_nll_loss(logits.float(), tokens, pad_index=self.embed.padding_idx)
+
+
+@DECODERS.register("none")
+def no_decoder(**context: object) -> None:
+    """No reconstruction: the contrastive baseline."""
+    return None
+
+
+@DECODERS.register("ltd", reads=("decoder.target_model",))
+def latent_target_decoder(
+    *, hidden_dim: int, embed_dim: int, target_dim: int | None, **context: object
+) -> LatentTargetDecoder:
+    """LTD (Eq. 5): caption embedding -> latent target (``decoder.target_model`` gives the targets)."""
+    if target_dim is None:
+        raise ValueError("the LTD decoder needs the latent targets' dimension")
+    return LatentTargetDecoder(embed_dim, hidden_dim, target_dim)
+
+
+@DECODERS.register("itd")
+def input_target_decoder(
+    *, hidden_dim: int, word_dim: int, embed_dim: int, vocab_size: int, **context: object
+) -> InputTargetDecoder:
+    """ITD (Eq. 4): a GRU language model over the caption's tokens."""
+    return InputTargetDecoder(vocab_size, embed_dim=word_dim, hidden_dim=hidden_dim, in_dim=embed_dim)

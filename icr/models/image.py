@@ -59,6 +59,8 @@ class ImageEncoder(nn.Module):
         self.output_dim = output_dim
         self.backbone_trainable = True
 
+    reads_regions = False  # reads pixels (data.features=pixels)
+
     def forward(self, images: Tensor) -> Tensor:
         fmap = self.backbone(images)  # (B, C, h, w)
         return self.pool(fmap).flatten(1)  # (B, C)
@@ -79,7 +81,9 @@ class ImageEncoder(nn.Module):
         return self
 
 
-IMAGE_ENCODERS: Registry[Callable[..., ImageEncoder]] = Registry("image encoder")
+IMAGE_ENCODERS: Registry[Callable[..., nn.Module]] = Registry(
+    "image encoder", section="image", package="icr.models"
+)
 
 
 def build_image_encoder(name: str, **kwargs: object) -> ImageEncoder:
@@ -157,6 +161,7 @@ def _maybe_load(
     weights_path: str | None,
     hub_file_names: Sequence[str] = (),
 ) -> None:
+    weights_path = weights_path or None  # '' (the config default) means "not given"
     if not pretrained:
         if weights_path is not None:
             logger.warning(
@@ -182,13 +187,13 @@ def _resnet(
     return ImageEncoder(backbone, output_dim)
 
 
-@IMAGE_ENCODERS.register("resnet50")
+@IMAGE_ENCODERS.register("resnet50", input="pixels")
 def resnet50(*, pretrained: bool = False, weights_path: str | None = None) -> ImageEncoder:
     """ResNet-50 without fc, average-pooled: (B, 3, H, W) -> (B, 2048)."""
     return _resnet("resnet50", torchvision.models.ResNet50_Weights, pretrained, weights_path)
 
 
-@IMAGE_ENCODERS.register("resnet18")
+@IMAGE_ENCODERS.register("resnet18", input="pixels")
 def resnet18(*, pretrained: bool = False, weights_path: str | None = None) -> ImageEncoder:
     """ResNet-18 without fc, average-pooled: (B, 3, H, W) -> (B, 512)."""
     return _resnet("resnet18", torchvision.models.ResNet18_Weights, pretrained, weights_path)
@@ -244,7 +249,7 @@ class SmallCNN(nn.Sequential):
         super().__init__(AddCoords(), *blocks)
 
 
-@IMAGE_ENCODERS.register("small_cnn")
+@IMAGE_ENCODERS.register("small_cnn", input="pixels")
 def small_cnn(
     *,
     output_dim: int = 256,
@@ -281,6 +286,8 @@ class RegionEncoder(nn.Module):
         regions (B, R, in_dim) -> (B, output_dim).
     """
 
+    reads_regions = True  # reads precomputed regions (data.features=regions)
+
     def __init__(self, in_dim: int, hidden_dim: int = 512, output_dim: int = 512) -> None:
         super().__init__()
         # Detector features share a large common component; standardising each input dimension
@@ -300,7 +307,7 @@ class RegionEncoder(nn.Module):
         """No backbone: the region features were extracted offline."""
 
 
-@IMAGE_ENCODERS.register("regions")
+@IMAGE_ENCODERS.register("regions", input="regions")
 def regions(
     *, in_dim: int, hidden_dim: int = 512, output_dim: int = 512, pretrained: bool = False,
     weights_path: str | None = None,

@@ -9,10 +9,15 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence
 
 from icr.errors import ConfigError
+from icr.registry import Registry
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["GRUCaptionEncoder"]
+__all__ = ["GRUCaptionEncoder", "TEXT_ENCODERS"]
+
+# Builders take the text.* fields they use and the context: vocab_size, word_vectors (GloVe rows
+# aligned with the vocabulary, or None).
+TEXT_ENCODERS: Registry = Registry("caption encoder", section="text", package="icr.models")
 
 _MERGES = ("concat", "mean")
 
@@ -64,7 +69,7 @@ class GRUCaptionEncoder(nn.Module):
                 raise ConfigError(
                     f"pretrained embeddings have shape {tuple(pretrained_embeddings.shape)}, "
                     f"expected (vocab_size, embed_dim) = ({vocab_size}, {embed_dim}); "
-                    "set text.embed_dim to the vectors' size"
+                    "set text.word_dim to the vectors' size"
                 )
             with torch.no_grad():
                 self.embed.weight.copy_(pretrained_embeddings)
@@ -97,3 +102,14 @@ class GRUCaptionEncoder(nn.Module):
     def set_embeddings_trainable(self, flag: bool) -> None:
         """Freeze (``False``) or unfreeze (``True``) the word embeddings."""
         self.embed.weight.requires_grad_(flag)
+
+
+@TEXT_ENCODERS.register("gru", reads=("text.glove", "text.vocab_min_count"), input="vocab")
+def gru(
+    *, word_dim: int, hidden_dim: int, bidirectional: bool, vocab_size: int,
+    word_vectors: Tensor | None = None,
+) -> GRUCaptionEncoder:
+    """Word embeddings (GloVe-initialised unless ``text.glove=none``) and a GRU's final state:
+    the bi-GRU of the PCME / LTD baseline, or with ``text.bidirectional=false`` the VSE++ GRU."""
+    return GRUCaptionEncoder(vocab_size, embed_dim=word_dim, hidden_dim=hidden_dim,
+                             bidirectional=bidirectional, pretrained_embeddings=word_vectors)

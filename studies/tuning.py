@@ -1,17 +1,25 @@
-"""Search: per condition, Ray Tune with ASHA on epochs and Optuna TPE, recorded in MLflow.
+"""Ray Tune runs of a study: the search of a condition and the confirmation of the winners.
 
-Each condition is one Tuner with the same budget (``num_samples``) and the same ``max_t``. ASHA
-stops weak trials at its rungs; :class:`PrunedAwareOptunaSearch` tells Optuna those trials were
-PRUNED (Ray's OptunaSearch tells it COMPLETE with the early value, which biases TPE towards
-configurations that merely start fast). A condition with nothing to search runs one trial.
-An interrupted search is continued with ``Tuner.restore``: finished trials are kept, unfinished
-ones resume from their last checkpoint, the MLflow callback finds their existing runs.
+Search: per condition, one Tuner with ASHA on epochs and Optuna (quasi-random start, then TPE;
+:mod:`studies.samplers`) over the condition's domains, ``budget`` trials, the same ``max_t``.
+The space is sampled define-by-run (:class:`studies.space.ConditionalSpace`): a trial draws
+only the keys its configuration uses. ASHA stops weak trials at its rungs; :class:`PrunedAwareOptunaSearch` tells Optuna those trials
+were PRUNED (Ray's OptunaSearch tells it COMPLETE with the early value, which biases TPE towards
+configurations that merely start fast). A condition with nothing to search runs no search.
+
+Confirm: one Tuner over the grid (condition x seed), so the confirmation runs of all conditions
+share the cluster; each run trains the full budget with ``eval.test=true`` and the study's
+analyses. The seeds (1000, 1001, ...) are never those of the search trials.
+
+An interrupted Tuner is continued with ``Tuner.restore``: finished trials are kept, unfinished ones
+resume from their last checkpoint, and the MLflow callback finds their runs again.
 """
 
 from __future__ import annotations
 
 import csv
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,24 +29,29 @@ from ray import tune
 from ray.tune.schedulers import ASHAScheduler
 from ray.tune.search.optuna import OptunaSearch
 
+from studies.ray_adapter import labelled_trainable
+from studies.samplers import SpreadThenTPESampler
 from studies.session import Interrupted, Session
-from studies.space import Domain
-from studies.tracking import MlflowTrialCallback
+from studies.space import ConditionalSpace
+from studies.tracking import MlflowTrialCallback, error_line, run_name
 from studies.trainable import TrialJob, run_trial
 
 log = logging.getLogger(__name__)
 
 
-def tune_domain(domain: Domain) -> Any:
-    """A space-file domain as a Tune domain (OptunaSearch converts it for Optuna)."""
-    if domain.kind == "choice":
-        return tune.choice(list(domain.values))
-    low, high = domain.values
-    if domain.kind == "uniform":
-        return tune.uniform(low, high)
-    if domain.kind == "loguniform":
-        return tune.loguniform(low, high)
-    return tune.randint(low, high + 1)  # Tune's upper bound is exclusive; ours is inclusive
+@dataclass(frozen=True)
+class TrialRecord:
+    """The end of one Tune trial, as selection and the summary need it."""
+
+    trial_id: str
+    condition: str
+    config: dict[str, Any]  # the Tune config: condition and the sampled keys
+    metrics: dict[str, Any]  # the last reported result
+    error: str  # the one-line cause of a failure, '' if none
+
+    @property
+    def epochs(self) -> int:
+        return int(self.metrics.get("epoch", 0))
 
 
 class PrunedAwareOptunaSearch(OptunaSearch):
@@ -93,7 +106,7 @@ class PrunedAwareOptunaSearch(OptunaSearch):
 
 
 class ProgressCallback(tune.Callback):
-    """One line per finished trial (Tune's own tables are behind ``verbose=1``)."""
+    """One line per finished trial (Tune's own tables are behind ``--verbose``)."""
 
     def __init__(self, max_epochs: int, metric: str) -> None:
         self.max_epochs = max_epochs
@@ -107,29 +120,12 @@ class ProgressCallback(tune.Callback):
               f"{result.get(self.metric, float('nan')):.2f} ({ended})", flush=True)
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        error = str(trial.get_error() or "").strip().splitlines()
-        print(f"  {_name(trial)}: FAILED: {error[-1] if error else 'unknown error'}", flush=True)
+        print(f"  {_name(trial)}: FAILED: {error_line(trial.get_error())}", flush=True)
 
 
 def _name(trial: Any) -> str:
-    own = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                   for k, v in trial.config.items() if "." in k)
-    return f"trial {trial.trial_id} [{trial.config['condition']}{' ' + own if own else ''}]"
-
-
-@dataclass(frozen=True)
-class TrialRecord:
-    """The end of one Tune trial, as selection needs it."""
-
-    trial_id: str
-    condition: str
-    config: dict[str, Any]  # the Tune config: condition and the sampled keys
-    metrics: dict[str, Any]  # the last reported result
-    error: bool
-
-    @property
-    def epochs(self) -> int:
-        return int(self.metrics.get("epoch", 0))
+    sampled = {k: v for k, v in trial.config.items() if "." in k}
+    return f"trial {trial.trial_id} [{run_name(trial.config['condition'], sampled)}]"
 
 
 def run_tuner(
@@ -137,25 +133,26 @@ def run_tuner(
     tune_config: tune.TuneConfig, expected: int,
 ) -> list[TrialRecord]:
     """Run (or continue) the Tune experiment ``name`` of this study run (``expected`` trials)."""
-    trainable = tune.with_resources(
+    plan = session.plan
+    trainable = labelled_trainable(tune.with_resources(  # the dashboard names each trial's actor
         tune.with_parameters(run_trial, job=job, fit=session.fit), session.resources
-    )
+    ))
     path = session.experiment_path(name)
     if tune.Tuner.can_restore(path):
         log.info("continuing the Tune experiment %s", path)
         tuner = tune.Tuner.restore(path, trainable, resume_unfinished=True, resume_errored=False)
     else:
         callback = MlflowTrialCallback(
-            session.tracker, session.parent_id, job, {**session.tags, "phase": job.phase,
-                                                      "tune_experiment": name},
-            session.fingerprints, session.plan.max_epochs,
+            session.tracker, session.parent_id, job,
+            {**session.tags, "phase": job.phase, "tune_experiment": name},
+            session.fingerprints, plan.max_epochs,
         )
         run_config = tune.RunConfig(
             name=name,
             storage_path=session.storage_path,
-            failure_config=tune.FailureConfig(max_failures=session.plan.study.max_failures),
+            failure_config=tune.FailureConfig(max_failures=plan.study.max_failures),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
-            callbacks=[callback, ProgressCallback(session.plan.max_epochs, session.plan.study.metric)],
+            callbacks=[callback, ProgressCallback(plan.max_epochs, plan.study.metric)],
             verbose=session.verbose,
         )
         tuner = tune.Tuner(trainable, param_space=param_space, tune_config=tune_config,
@@ -169,34 +166,49 @@ def run_tuner(
     for result in grid:
         metrics = dict(result.metrics or {})
         trial_id = metrics.get("trial_id") or Path(str(result.path)).name
+        error = error_line(result.error) if result.error is not None else ""
         records.append(TrialRecord(str(trial_id), result.config["condition"], dict(result.config),
-                                   metrics, result.error is not None))
+                                   metrics, error))
     return records
 
 
-def search_condition(session: Session, condition: str) -> list[TrialRecord]:
-    """ASHA + Optuna over the condition's domains (a condition without domains runs one trial)."""
+def search(session: Session, condition: str) -> list[TrialRecord]:
+    """ASHA + Optuna over the condition's domains."""
     plan = session.plan
     cond = plan.condition(condition)
     study = plan.study
     job = TrialJob(study.name, "search", str(plan.workspace.root), {condition: cond.flat})
-    space = {key: tune_domain(d) for key, d in cond.domains.items()}
-    param_space = {"condition": condition, **space}
-    if not space:
-        tune_config = tune.TuneConfig(num_samples=1)
-    else:
-        searcher = PrunedAwareOptunaSearch(
-            metric=study.metric, mode=study.mode, seed=study.searcher_seed,
-            time_attr="epoch", max_t=plan.max_epochs,
-            log_path=str(session.run_dir / f"search-{condition}.optuna.csv"),
-        )
-        scheduler = ASHAScheduler(
-            time_attr="epoch", max_t=plan.max_epochs, grace_period=study.grace_period,
-            reduction_factor=study.reduction_factor,
-        )
-        tune_config = tune.TuneConfig(
-            metric=study.metric, mode=study.mode, search_alg=searcher, scheduler=scheduler,
-            num_samples=plan.budget, max_concurrent_trials=session.concurrency,
-        )
-    expected = plan.budget if space else 1
-    return run_tuner(session, f"search-{condition}", job, param_space, tune_config, expected)
+    sampler = SpreadThenTPESampler(min(study.startup_trials, plan.budget), study.searcher_seed,
+                                   tuple(cond.domains))
+    searcher = PrunedAwareOptunaSearch(
+        space=ConditionalSpace(cond.flat, tuple(cond.domains.values())),
+        metric=study.metric, mode=study.mode, sampler=sampler, time_attr="epoch",
+        max_t=plan.max_epochs, log_path=str(session.run_dir / f"search-{condition}.optuna.csv"),
+    )
+    scheduler = ASHAScheduler(
+        time_attr="epoch", max_t=plan.max_epochs, grace_period=study.grace_period,
+        reduction_factor=study.reduction_factor,
+    )
+    tune_config = tune.TuneConfig(
+        metric=study.metric, mode=study.mode, search_alg=searcher, scheduler=scheduler,
+        num_samples=plan.budget, max_concurrent_trials=session.concurrency,
+    )
+    return run_tuner(session, f"search-{condition}", job, {"condition": condition}, tune_config,
+                     plan.budget)
+
+
+def confirm(session: Session, winners: Mapping[str, Mapping[str, Any]]) -> list[TrialRecord]:
+    """Each condition's winner (its sampled values) re-trained with the fresh seeds, tested once."""
+    plan = session.plan
+    if not winners or not plan.seeds:
+        return []
+    analyses = {"eval.analyses": ",".join(plan.study.analyses)} if plan.study.analyses else {}
+    conditions = {name: {**plan.condition(name).flat, **sampled, "eval.test": True, **analyses}
+                  for name, sampled in winners.items()}
+    job = TrialJob(plan.study.name, "confirm", str(plan.workspace.root), conditions,
+                   {name: dict(sampled) for name, sampled in winners.items()})
+    param_space = {"condition": tune.grid_search(list(conditions)),
+                   "train.seed": tune.grid_search(list(plan.seeds))}
+    tune_config = tune.TuneConfig(num_samples=1, max_concurrent_trials=session.concurrency)
+    return run_tuner(session, "confirm", job, param_space, tune_config,
+                     expected=len(conditions) * len(plan.seeds))

@@ -1,0 +1,341 @@
+"""The image-caption retrieval task: its training state and the steps that change it.
+
+The recipe (LTD paper Section 4.3, REFERENCE_NOTES section 1; :mod:`icr.train.recipe`):
+
+- a warm-up phase with the image backbone and the word embeddings frozen, then a fine-tune phase
+  at ``lr x finetune_lr_factor``, a cosine schedule in each;
+- gradient clipping (after unscaling once: the reference unscaled fp16 gradients twice);
+- per-epoch SWA: the weights at ``swa_snapshots`` evenly spaced steps over the last
+  ``swa_fraction`` of the epoch are averaged (``torch.optim.swa_utils.AveragedModel``) and swapped
+  in at the end of the epoch, then the BatchNorm statistics are recomputed (``update_bn``);
+- AMP on CUDA only; caption augmentation and random erasing.
+
+Determinism: every source of randomness of an epoch is seeded from ``(train.seed, epoch)``; the
+state holds the model, the optimiser, the schedule and the objective (the multiplier), so a resumed
+run gives the metrics of an uninterrupted one. Between epochs no SWA average is pending (it is
+swapped in at each epoch's end), so the swapped-in weights are the whole SWA state.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+import logging
+import math
+from collections.abc import Iterable, Iterator
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.optim.swa_utils import AveragedModel, update_bn
+from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
+
+from icr.config import ExperimentConfig
+from icr.data.features import cached_backbone_features
+from icr.data.pipeline import PairDataset, PreparedData, collate_pairs, prepare_data
+from icr.data.sampler import build_batch_sampler, steps_per_epoch
+from icr.errors import ConfigError, TrainingError
+from icr.losses import loss_from_config
+from icr.losses.contrastive import split_output
+from icr.models.build import build_decoder, build_dual_encoder
+from icr.objectives import Objective, build_objective
+from icr.seeding import derive_seed
+from icr.train.evaluation import embed_split, evaluate_split
+from icr.train.recipe import lr_factor, swa_snapshot_steps
+from icr.train.tasks import TASKS
+from icr.workspace import Workspace
+
+log = logging.getLogger(__name__)
+
+
+class _BatchForward(nn.Module):
+    """Adapter so ``torch.optim.swa_utils.update_bn`` can run the two-input dual encoder."""
+
+    def __init__(self, encoder: nn.Module, device: torch.device) -> None:
+        super().__init__()
+        self.encoder, self.device = encoder, device
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> Any:
+        return self.encoder(
+            batch["images"].to(self.device), batch["tokens"].to(self.device), batch["lengths"]
+        )
+
+
+class RetrievalTask:
+    """A dual encoder (and optionally a decoder) trained with a contrastive loss and an objective."""
+
+    selection_metric = "rsum"
+
+    def __init__(
+        self, config: ExperimentConfig, data: PreparedData, device: torch.device,
+        cache: Path | None = None,
+    ) -> None:
+        self.config, self.device, self.cache = config, device, cache
+        self.prepared = data  # as prepared (pixels), before any cached backbone features
+        self.epochs = config.epochs
+        images = data.images["train"]
+        region_dim = images.shape[-1] if images.dtype != torch.uint8 else None
+        target_dim = None if data.targets is None else data.targets.shape[1]
+        self.encoder = build_dual_encoder(config, len(data.vocab), data.word_vectors, region_dim)
+        if cache is not None and frozen_cnn(config):
+            data = self._use_cached_features(data, cache)
+        self.data = data
+        decoder = build_decoder(config, len(data.vocab), target_dim)
+        self.net = nn.ModuleDict({"encoder": self.encoder})
+        if decoder is not None:
+            self.net["decoder"] = decoder
+        self.net.to(device)
+        self.loss_fn = loss_from_config(config.loss)
+        self.objective: Objective = build_objective(config.objective)
+        if self.objective.uses_reconstruction and decoder is None:
+            raise ConfigError(
+                f"objective.name={config.objective.name} needs a decoder: set decoder.name=ltd or itd"
+            )
+        self.dataset = PairDataset(
+            data.splits["train"], data.images["train"], data.captions, data.vocab,
+            normalize=data.pixels, max_len=config.text.max_len, random_erasing=config.image.random_erasing,
+            targets=data.targets, seed=config.train.seed,
+        )
+        self.steps_per_epoch = self._steps_per_epoch()
+        self.optimizer = self._build_optimizer()
+        schedule = functools.partial(
+            lr_factor, steps_per_epoch=self.steps_per_epoch,
+            warmup_epochs=config.train.warmup_epochs, finetune_epochs=config.train.finetune_epochs,
+            finetune_factor=config.optim.finetune_lr_factor,
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
+        self.amp = config.train.amp and device.type == "cuda"
+        self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp)
+        self.global_step = 0
+        self._rows: list[dict[str, float]] = []
+        self.cocos = live_cocos(config) if config.train.live_cocos else None
+
+    # -- construction -----------------------------------------------------------------------
+
+    def _steps_per_epoch(self) -> int:
+        t, split = self.config.train, self.data.splits["train"]
+        steps = steps_per_epoch(split.num_captions, split.num_images, t.batch_size, t.sampler,
+                                t.epoch_unit)
+        return min(steps, t.max_steps_per_epoch) if t.max_steps_per_epoch else steps
+
+    def _build_optimizer(self) -> torch.optim.Optimizer:
+        """One parameter group, plus one for a pretrained backbone with its own lr factor (BERT)."""
+        o = self.config.optim
+        cls = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[o.name]
+        groups = []
+        for module in (self.encoder.image_encoder, self.encoder.caption_encoder):
+            factor = getattr(module, "backbone_lr_factor", 1.0)
+            if factor != 1.0:
+                groups.append({"params": list(module.backbone_parameters()), "lr": o.lr * factor})
+        special = {id(p) for g in groups for p in g["params"]}
+        rest = [p for p in self.net.parameters() if id(p) not in special]
+        return cls([{"params": rest}, *groups], lr=o.lr, weight_decay=o.weight_decay)
+
+    def _use_cached_features(self, data: PreparedData, cache: Path) -> PreparedData:
+        """A CNN frozen for the whole run on un-augmented images gives every epoch the same
+        features: compute them once (cached on disk) and train the heads on them (VSE++)."""
+        cnn = self.encoder.image_encoder
+        features = {
+            split: cached_backbone_features(cnn, images, data.pixels, cache / "features",
+                                            self.config.image.encoder, device=self.device)
+            for split, images in data.images.items()
+        }  # split -> (N, D)
+        self.encoder.image_encoder = PrecomputedFeatures(cnn.output_dim)
+        log.info("frozen %s: training on its cached features", self.config.image.encoder)
+        return dataclasses.replace(data, images=features)
+
+    # -- training ---------------------------------------------------------------------------
+
+    def in_warmup(self, epoch: int) -> bool:
+        return epoch < self.config.train.warmup_epochs
+
+    def loader(self, epoch: int) -> DataLoader:
+        """The epoch's batches: pairs, or whole images with their captions (``train.sampler``)."""
+        t = self.config.train
+        self.dataset.set_epoch(epoch)
+        sampler = build_batch_sampler(t.sampler, self.data.splits["train"].caption_image,
+                                      t.batch_size, seed=derive_seed(t.seed, 2),
+                                      epoch_unit=t.epoch_unit)
+        sampler.set_epoch(epoch)
+        return DataLoader(self.dataset, batch_sampler=sampler, collate_fn=collate_pairs,
+                          num_workers=self.config.data.num_workers)
+
+    def train_epoch(self, epoch: int, progress: bool = False) -> dict[str, float]:
+        """One epoch of training, SWA swapped in at its end; returns the mean loss terms."""
+        t = self.config.train
+        torch.manual_seed(derive_seed(t.seed, epoch, 1))
+        self.encoder.set_backbone_trainable(not self.in_warmup(epoch))
+        if self.config.image.frozen:
+            self.encoder.image_encoder.set_backbone_trainable(False)
+        self.net.train()
+        snapshots = swa_snapshot_steps(self.steps_per_epoch, t.swa_snapshots, t.swa_fraction)
+        averaged = AveragedModel(self.net, use_buffers=False) if t.swa else None
+        sums: dict[str, float] = {}
+        batches = _take(self.loader(epoch), self.steps_per_epoch)
+        bar = tqdm(batches, total=self.steps_per_epoch, desc=f"epoch {epoch + 1}/{self.epochs}",
+                   disable=not progress, leave=False)
+        for step, batch in enumerate(bar):
+            logs = self.train_step(batch, epoch, step)
+            for k, v in logs.items():
+                sums[k] = sums.get(k, 0.0) + float(v)
+            if averaged is not None and step in snapshots:
+                averaged.update_parameters(self.net)
+            if progress and step % 10 == 0:
+                bar.set_postfix({k: f"{float(v):.3f}" for k, v in logs.items()})
+        if averaged is not None:
+            self._swap_in(averaged, epoch)
+        # lambda is the objective's state, recorded per step and after the epoch, not averaged.
+        return {f"train_{k}": v / self.steps_per_epoch for k, v in sums.items() if k != "lambda"}
+
+    def train_step(self, batch: dict[str, torch.Tensor], epoch: int, step: int) -> dict[str, torch.Tensor]:
+        dev = self.device
+        images = batch["images"].to(dev, non_blocking=True)
+        tokens, lengths = batch["tokens"].to(dev), batch["lengths"]
+        autocast = torch.autocast("cuda", dtype=torch.float16) if self.amp else nullcontext()
+        with autocast:
+            img, cap = self.encoder(images, tokens, lengths)  # (B, D), (B, D)
+            sims = img @ cap.t()  # (B, B), positives on the diagonal
+            l_con, loss_logs = split_output(self.loss_fn(sims.float(), batch["image_index"].to(dev)))
+            l_rec = self.net["decoder"].loss(cap, batch) if "decoder" in self.net else None
+            out = self.objective(l_con, l_rec)
+        logs = {**out.logs, **loss_logs}
+        if not torch.isfinite(out.loss):
+            parts = ", ".join(f"{k}={float(v):.4g}" for k, v in logs.items())
+            raise TrainingError(
+                f"non-finite loss at epoch {epoch + 1}, step {step + 1} ({parts}); "
+                "lower optim.lr or check the data"
+            )
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scaler.scale(out.loss).backward()
+        if self.config.optim.grad_clip > 0:
+            self.scaler.unscale_(self.optimizer)
+            nn.utils.clip_grad_norm_(self.net.parameters(), self.config.optim.grad_clip)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.scheduler.step()
+        self.objective.step()
+        self.global_step += 1
+        if self.global_step % self.config.train.trajectory_every == 0:
+            row = {"step": self.global_step, "epoch": epoch + 1}
+            row |= {k: float(v) for k, v in logs.items()}
+            if self.cocos is not None:  # how many samples this batch's gradient came from
+                row |= self.cocos(sims.detach().float(), batch["image_index"].to(dev))
+            self._rows.append(row)
+        return logs
+
+    def take_trajectory(self) -> list[dict[str, float]]:
+        rows, self._rows = self._rows, []
+        return rows
+
+    def _swap_in(self, averaged: AveragedModel, epoch: int) -> None:
+        """Copy the SWA average into the model and recompute BatchNorm statistics."""
+        with torch.no_grad():
+            for live, avg in zip(self.net.parameters(), averaged.module.parameters(), strict=True):
+                live.copy_(avg)
+        self.net.train()
+        # update_bn resets every BatchNorm it sees; a frozen backbone keeps its statistics.
+        frozen = [m for m in self.net.modules()
+                  if isinstance(m, nn.modules.batchnorm._BatchNorm) and not m.training]
+        saved = [copy.deepcopy(m.state_dict()) for m in frozen]
+        batches = _take(self.loader(epoch), self.config.train.swa_bn_batches)
+        update_bn(((b,) for b in batches), _BatchForward(self.encoder, self.device))
+        for module, state in zip(frozen, saved, strict=True):
+            module.load_state_dict(state)
+
+    # -- evaluation -------------------------------------------------------------------------
+
+    def embed_split(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """Image (N_img, D) and caption (N_cap, D) embeddings of an evaluation split."""
+        return embed_split(self.encoder, self.data, split, batch_size=self.config.eval.batch_size,
+                           device=self.device)
+
+    def evaluate(self, split: str) -> dict[str, float]:
+        return evaluate_split(*self.embed_split(split), self.data, split)
+
+    def metrics(self) -> dict[str, float]:
+        return {"lr": self.optimizer.param_groups[0]["lr"], **self.objective.metrics()}
+
+    def eval(self) -> None:
+        self.net.eval()
+
+    # -- state ------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "net": self.net.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "objective": self.objective.state_dict(),
+            "global_step": self.global_step,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.net.load_state_dict(state["net"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.scaler.load_state_dict(state["scaler"])
+        self.objective.load_state_dict(state["objective"])
+        self.global_step = state["global_step"]
+
+    def model_state(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().cpu().clone() for k, v in self.net.state_dict().items()}
+
+    def load_model_state(self, state: dict[str, torch.Tensor]) -> None:
+        self.net.load_state_dict(state)
+
+
+class PrecomputedFeatures(nn.Module):
+    """Stands in for a frozen backbone whose features were computed once: (B, D) -> (B, D)."""
+
+    def __init__(self, output_dim: int) -> None:
+        super().__init__()
+        self.output_dim = output_dim
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return features
+
+    def set_backbone_trainable(self, flag: bool) -> None:
+        """The backbone stays frozen by construction (see :func:`frozen_cnn`)."""
+
+
+def frozen_cnn(config: ExperimentConfig) -> bool:
+    """The image CNN is frozen for the whole run (``image.frozen``) and sees un-augmented pixels,
+    so its features can be computed once."""
+    return (config.data.features == "pixels" and config.image.frozen
+            and config.image.random_erasing == 0)
+
+
+@TASKS.register(
+    "retrieval", reads=("image.*", "text.*", "model.*", "loss.*", "decoder.*", "objective.*")
+)
+def retrieval(config: ExperimentConfig, workspace: Workspace, device: torch.device) -> RetrievalTask:
+    """Image-caption retrieval: the dual encoder of the LTD, metric-learning and VSE papers."""
+    return RetrievalTask(config, prepare_data(config, workspace, device), device, workspace.cache)
+
+
+def live_cocos(config: ExperimentConfig) -> Any:
+    """The COCOS counter of ``loss.name`` with its options, for the trajectory (section 4 of the
+    metric-learning paper, counted on every recorded training batch)."""
+    from icr.analysis.cocos import COCOS_COUNTERS, build_counter
+    from icr.losses.contrastive import LOSSES
+
+    name = config.loss.name
+    if name not in COCOS_COUNTERS:
+        raise ConfigError(f"train.live_cocos: loss.name={name} has no COCOS counter; "
+                          f"use one of {', '.join(COCOS_COUNTERS.names())} or train.live_cocos=false")
+    options = {k: getattr(config.loss, k) for k in LOSSES.options(name)}
+    counter = build_counter(name, **options)
+    return lambda sims, ids: {f"cocos_{k}": v for k, v in counter(sims, ids).items()
+                              if not math.isnan(v)}
+
+
+def _take(iterable: Iterable, n: int) -> Iterator:
+    for i, item in enumerate(iterable):
+        if i >= n:
+            return
+        yield item

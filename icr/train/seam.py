@@ -1,0 +1,60 @@
+"""The seam between the research library and the platform: what ``fit`` hands out.
+
+``fit(config, reporter, resume_from)`` calls ``reporter(record)`` once per epoch with one
+:class:`EpochReport`; nothing else of a run crosses to the platform (it never reads icr's files).
+The debug mode passes a reporter that prints and stores; the Ray trainable one that forwards the
+record to ``ray.tune.report`` with the checkpoint. Both training loops (retrieval, grounding) keep
+this contract, and one conformance test holds the real ``fit`` and the platform's fake to it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+TrajectoryRow = dict[str, float]  # {"step": global step, "epoch": 1-based, "loss": ..., ...}
+
+
+@dataclass(frozen=True)
+class EpochReport:
+    """One epoch of a run, as the platform records it.
+
+    Attributes:
+        epoch: 1-based epoch just finished.
+        metrics: ``epoch``, ``train_*`` (means over the epoch), ``val_*``, ``best_val_<m>`` and
+            ``best_epoch`` (the best epoch so far by the task's selection metric ``m``), ``lr``,
+            ``epoch_time_s``, the objective's state (``lambda``); on the last epoch ``test_*`` (when ``eval.test``) and
+            the analyses' numbers (``probe/...``, ``cocos/...``).
+        trajectory: the per-step rows recorded since the previous report (every
+            ``train.trajectory_every`` steps): ``step``, ``epoch`` and the loss terms the
+            objective and the loss log (``loss``, ``L_con``, ``L_rec``, ``lambda``, ``K``, ...);
+            a row holds only the terms that exist (no NaN placeholders).
+        checkpoint: the folder of the checkpoint written after this epoch (overwritten by the
+            next epoch's), or ``None``.
+        artifacts: files inside ``checkpoint`` (relative paths) that the run's analyses wrote and
+            the platform should keep with the run (tables, figures).
+        final: this is the run's last epoch.
+    """
+
+    epoch: int
+    metrics: dict[str, float]
+    trajectory: tuple[TrajectoryRow, ...] = ()
+    checkpoint: Path | None = None
+    artifacts: tuple[str, ...] = ()
+    final: bool = False
+
+
+Reporter = Callable[[EpochReport], None]
+
+
+@dataclass
+class FitResult:
+    """What ``fit`` returns once the run is over."""
+
+    best_epoch: int  # 1-based epoch of the best validation score
+    best_val: dict[str, float]
+    test: dict[str, float] | None
+    history: list[dict[str, float]] = field(repr=False)
+    trajectory: list[TrajectoryRow] = field(repr=False)
+    checkpoint_dir: Path

@@ -1,0 +1,69 @@
+"""What ``fit`` can train (``task.name``): each task is a training state behind one protocol.
+
+``fit`` (:mod:`icr.train.loop`) owns the loop for every task: epochs, validation, the best
+checkpoint, the test evaluation, the analyses and the per-epoch report. A task only knows how to
+train one epoch and evaluate a split: :class:`Task`. Retrieval (:mod:`icr.train.retrieval`) and
+grounding (:mod:`icr.grounding.train`) register here; a task claims the config sections only it
+uses (``reads=("loss.*", ...)``), so a grounding run records no retrieval keys.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from icr.registry import Registry
+
+TASKS: Registry = Registry("task", package=("icr.train", "icr.grounding"))
+
+
+class Task(Protocol):
+    """A training run's state and the steps that change it.
+
+    Attributes:
+        epochs: how many epochs the run trains.
+        selection_metric: the validation metric (higher is better) that picks the best epoch,
+            e.g. ``rsum`` for retrieval, ``pointing`` for grounding.
+        data: the prepared data (the analyses read it).
+    """
+
+    epochs: int
+    selection_metric: str
+    data: Any
+
+    def train_epoch(self, epoch: int, progress: bool = False) -> dict[str, float]:
+        """Train epoch ``epoch`` (0-based); return the means of its loss terms (``train_*``)."""
+
+    def take_trajectory(self) -> list[dict[str, float]]:
+        """The per-step rows recorded since the last call (and forget them)."""
+
+    def evaluate(self, split: str) -> dict[str, float]:
+        """Every metric of ``split`` with the current weights."""
+
+    def metrics(self) -> dict[str, float]:
+        """State worth recording after an epoch: ``lr``, the objective's (``lambda``)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue exactly (weights, optimiser, schedule, objective)."""
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def model_state(self) -> dict[str, torch.Tensor]:
+        """The weights alone (CPU copies): what the best checkpoint keeps."""
+
+    def load_model_state(self, state: dict[str, torch.Tensor]) -> None: ...
+
+    def eval(self) -> None:
+        """Put the models in evaluation mode (for analyses)."""
+
+
+def build_task(config: Any, workspace: Any, device: torch.device) -> Task:
+    """The task ``config.task.name`` with its data prepared, ready to train."""
+    return TASKS.build(config.task.name, config=config, workspace=workspace, device=device)
+
+
+def artifacts_dir(run_dir: Path) -> Path:
+    """Where a run's analyses write files that go into the final checkpoint."""
+    return run_dir / "artifacts"

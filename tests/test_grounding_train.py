@@ -1,0 +1,126 @@
+"""The grounding task on the tiny embedded benchmark with a tiny BERT (nothing downloaded):
+training steps, evaluation, the attention, exact resumption, the builder's guard."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from icr.errors import ConfigError
+from icr.grounding.train import GroundingData, GroundingTask, prepare_grounding_data
+from icr.grounding.words import WordEncoder
+from icr.train.tasks import TASKS
+
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def _encoder(captions: list[str]) -> WordEncoder:
+    from transformers import BertConfig, BertModel, BertTokenizer
+
+    words = sorted({w.lower() for c in captions for w in c.replace(",", " , ").split()})
+    vocab = {w: i for i, w in enumerate(SPECIALS + [w for w in words if w not in SPECIALS])}
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=len(vocab), hidden_size=16, num_hidden_layers=1,
+                        num_attention_heads=2, intermediate_size=32, max_position_embeddings=64,
+                        initializer_range=0.5)
+    return WordEncoder(BertTokenizer(vocab=vocab), BertModel(config).eval(), identity="tiny-bert")
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> GroundingData:
+    from icr.data.synthetic.writer import generate
+
+    root = generate(tmp_path_factory.mktemp("shapes") / "tiny", "tiny", 0, workers=1)
+    scenes = json.loads((root / "dataset_shapes.json").read_text())
+    captions = [s["raw"] for im in scenes["images"] for s in im["sentences"]]
+    source = SimpleNamespace(root=root, regions_dir=root / "precomp",
+                             entities_dir=root / "entities")
+    return prepare_grounding_data(source, tmp_path_factory.mktemp("cache"), shapes=True,
+                                  negatives="random", num_negatives=4, lang_negatives=2,
+                                  encoder=_encoder(captions))
+
+
+def _task(data: GroundingData, **overrides) -> GroundingTask:
+    options = dict(dim=8, lr=3e-3, batch_size=10, epochs=3, max_steps_per_epoch=4,
+                   trajectory_every=2, eval_batch_size=16)
+    return GroundingTask(data, **{**options, **overrides})
+
+
+def test_prepared_data_has_candidates_for_every_caption_with_a_noun(data):
+    train = data.splits["train"]
+    assert data.candidates.features.shape[:2] == (train.num_captions, 3)
+    np.testing.assert_array_equal(data.candidates.mask[:, 0], data.negatives.word_index >= 0)
+    assert data.candidates.mask[:, 0].mean() > 0.9
+    assert data.splits["val"].words.max_words is None  # evaluation keeps every content word
+
+
+def test_training_steps_report_finite_losses_and_a_trajectory(data):
+    task = _task(data)
+    logs = task.train_epoch(0)
+    assert set(logs) == {"train_loss", "train_L_img", "train_L_lang"}
+    assert all(math.isfinite(v) for v in logs.values())
+    assert logs["train_loss"] == pytest.approx(logs["train_L_img"] + logs["train_L_lang"])
+    rows = task.take_trajectory()
+    assert [r["step"] for r in rows] == [2, 4] and rows[0]["epoch"] == 1
+    assert set(rows[0]) == {"step", "epoch", "loss", "L_img", "L_lang"}
+    assert task.take_trajectory() == []
+    assert task.metrics() == {"lr": 3e-3}
+
+
+def test_without_negatives_only_l_img_is_trained(data):
+    plain = GroundingData(data.splits, data.words)
+    logs = _task(plain).train_epoch(0)
+    assert set(logs) == {"train_loss", "train_L_img"}
+    assert set(_task(data, lang_weight=0.0).train_epoch(0)) == {"train_loss", "train_L_img"}
+
+
+def test_evaluation_metrics_and_attention(data):
+    task = _task(data)
+    metrics = task.evaluate("val")
+    assert {"R_at_1", "R_at_5", "R_at_10", "pointing", "phrases", "L_img"} <= set(metrics)
+    assert metrics["phrases"] > 0 and 0 <= metrics["pointing"] <= 100
+    assert metrics["R_at_1"] <= metrics["R_at_5"] <= metrics["R_at_10"]
+    attention = task.attention("val")
+    split, words = data.splits["val"], data.words["val"]
+    assert attention.shape == (split.num_captions, words.features.shape[1],
+                               split.region_features.shape[1])
+    region_mask = torch.from_numpy(split.region_mask[split.caption_image])[:, None, :]
+    assert (attention * ~region_mask).abs().max() == 0
+    sums = attention.sum(-1)
+    torch.testing.assert_close(sums, torch.from_numpy(words.mask).float())
+
+
+def test_training_lowers_the_image_loss(data):
+    task = _task(data, lr=1e-2, epochs=6, max_steps_per_epoch=0)
+    first = task.train_epoch(0)["train_L_img"]
+    for epoch in range(1, 6):
+        last = task.train_epoch(epoch)["train_L_img"]
+    assert last < first
+
+
+def test_resumed_task_trains_exactly_like_an_uninterrupted_one(data):
+    task = _task(data)
+    task.train_epoch(0)
+    saved = copy.deepcopy(task.state_dict())
+    expected = task.train_epoch(1)
+    resumed = _task(data)
+    resumed.train_epoch(2)  # other weights and optimiser moments: all must come from the state
+    resumed.load_state_dict(saved)
+    assert resumed.train_epoch(1) == expected
+    best = task.model_state()
+    other = _task(data, seed=7)
+    other.load_model_state(best)
+    assert other.evaluate("val") == task.evaluate("val")
+
+
+def test_builder_is_registered_and_needs_the_grounding_section():
+    assert "grounding" in TASKS
+    config = SimpleNamespace(task=SimpleNamespace(name="grounding"))
+    with pytest.raises(ConfigError, match="needs the config section 'grounding'"):
+        TASKS.get("grounding")(config, None, torch.device("cpu"))

@@ -1,0 +1,96 @@
+"""Every registered component, built from a config the way a trial builds it.
+
+Parametrised over the registries, so a new encoder, pooling or decoder is tested for building,
+forward, backward and finite values without a new test (each also has its own oracle tests).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from icr.config import from_flat, used_keys
+from icr.models.build import build_decoder, build_dual_encoder, caption_input_kind
+from icr.models.decoders import DECODERS
+from icr.models.image import IMAGE_ENCODERS
+from icr.models.pooling import POOLINGS
+from icr.models.text import TEXT_ENCODERS
+
+VOCAB, REGION_DIM, BATCH = 30, 12, 4
+SMALL = {"model.embed_dim": 16, "text.hidden_dim": 16, "text.word_dim": 8, "image.hidden_dim": 16,
+         "image.output_dim": 16, "image.gcn_layers": 1, "text.glove": "none",
+         "decoder.hidden_dim": 16, "decoder.word_dim": 8}
+
+
+def _inputs(config) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    if config.data.features == "regions":
+        images = torch.randn(BATCH, 5, REGION_DIM, generator=g)
+    else:
+        images = torch.randn(BATCH, 3, 32, 32, generator=g)
+    lengths = torch.tensor([5, 3, 4, 2])
+    tokens = torch.randint(1, VOCAB, (BATCH, 5), generator=g)
+    tokens[torch.arange(5)[None, :] >= lengths[:, None]] = 0
+    return images, tokens, lengths
+
+
+def _check(config) -> None:
+    regions = config.data.features == "regions"
+    torch.manual_seed(0)
+    model = build_dual_encoder(config, VOCAB, None, REGION_DIM if regions else None).train()
+    img, cap = model(*_inputs(config))
+    assert img.shape == cap.shape == (BATCH, 16)
+    assert torch.isfinite(img).all() and torch.isfinite(cap).all()
+    (img @ cap.t()).diagonal().sum().backward()
+    grads = [p.grad for p in model.parameters() if p.requires_grad]
+    assert grads and all(g is not None and torch.isfinite(g).all() for g in grads)
+
+
+@pytest.mark.parametrize("name", IMAGE_ENCODERS.names())
+def test_every_image_encoder_builds_from_a_config_and_trains(name):
+    features = IMAGE_ENCODERS.meta(name)["input"]
+    _check(from_flat({**SMALL, "image.encoder": name, "data.features": features,
+                      "image.pretrained": name == "efficientnet_lite0"}))
+
+
+@pytest.mark.parametrize("name", [n for n in TEXT_ENCODERS.names()
+                                  if TEXT_ENCODERS.meta(n).get("input", "vocab") == "vocab"])
+@pytest.mark.parametrize("pooling", POOLINGS.names())
+def test_every_vocabulary_caption_encoder_and_pooling(name, pooling):
+    config = from_flat({**SMALL, "text.encoder": name, "text.pooling": pooling,
+                        "image.encoder": "region_tokens", "image.pooling": pooling,
+                        "data.features": "regions"})
+    _check(config)
+    assert ("text.pooling" in used_keys(config)) == (name != "gru")  # gru has no token set
+
+
+def test_the_wordpiece_encoder_reads_wordpieces_and_trains():
+    from icr.data.captions import WordpieceInput
+    from icr.models.tokens import load_bert_tokenizer
+
+    config = from_flat({**SMALL, "text.encoder": "bert", "data.features": "regions",
+                        "image.encoder": "regions"})
+    assert caption_input_kind(config) == "wordpiece"
+    ids = WordpieceInput(load_bert_tokenizer(), 12, 0.0, 0.0)
+    tokens = [ids.ids(c) for c in ("a red circle", "two blue squares on the left", "a star", "x")]
+    padded = torch.nn.utils.rnn.pad_sequence(tokens, batch_first=True)
+    lengths = torch.tensor([len(t) for t in tokens])
+    model = build_dual_encoder(config, VOCAB, None, REGION_DIM)
+    cap = model.encode_captions(padded, lengths)
+    assert cap.shape == (4, 16) and torch.isfinite(cap).all()
+
+
+@pytest.mark.parametrize("name", DECODERS.names())
+def test_every_decoder_builds_and_reconstructs(name):
+    config = from_flat({**SMALL, "decoder.name": name})
+    decoder = build_decoder(config, VOCAB, target_dim=6)
+    if name == "none":
+        assert decoder is None
+        return
+    captions = torch.nn.functional.normalize(torch.randn(BATCH, 16), dim=-1).requires_grad_()
+    _, tokens, _ = _inputs(config)
+    batch = {"targets": torch.randn(BATCH, 6), "clean_tokens": tokens}
+    loss = decoder.loss(captions, batch)
+    assert loss.dim() == 0 and torch.isfinite(loss)
+    loss.backward()
+    assert captions.grad is not None and torch.isfinite(captions.grad).all()

@@ -1,0 +1,79 @@
+"""Recording in MLflow: the one-transaction epoch record equals MLflow's own ``log_batch``."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+from mlflow.entities import Metric
+from mlflow.tracking import MlflowClient
+
+from studies.tracking import Tracker, epoch_metrics, error_line, run_name
+
+
+@pytest.fixture()
+def tracker(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
+    return Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "t", tmp_path / "artifacts")
+
+
+def _batches(now: int) -> list[list[Metric]]:
+    """Three records: rising steps, a step logged again later with another value, NaN and inf,
+    and an older value that must not replace the latest."""
+    first = [Metric("val_rsum", 100.0, now, 1), Metric("trajectory/loss", 2.0, now, 10),
+             Metric("trajectory/loss", 1.5, now, 20), Metric("odd", math.nan, now, 1)]
+    second = [Metric("val_rsum", 120.0, now + 5, 2), Metric("trajectory/loss", 1.2, now + 5, 30),
+              Metric("odd", math.inf, now + 5, 2), Metric("late", 7.0, now + 5, 3)]
+    third = [Metric("val_rsum", 90.0, now + 9, 1), Metric("late", 3.0, now + 9, 3),
+             Metric("trajectory/loss", -math.inf, now + 9, 40)]
+    return [first, second, third]
+
+
+def _snapshot(client: MlflowClient, run_id: str) -> tuple[dict, dict]:
+    metrics = client.get_run(run_id).data.metrics
+    keys = sorted(metrics)
+    history = {k: sorted((m.step, m.timestamp, m.value if not math.isnan(m.value) else "nan")
+                         for m in client.get_metric_history(run_id, k)) for k in keys}
+    latest = {k: "nan" if math.isnan(v) else v for k, v in metrics.items()}
+    return history, latest
+
+
+def test_one_transaction_records_what_log_batch_records(tracker):
+    now = int(time.time() * 1000)
+    ours = tracker.create_run("ours", {})
+    theirs = tracker.create_run("theirs", {})
+    for batch in _batches(now):
+        tracker.log_batch(ours, batch)
+        tracker.client.log_batch(theirs, metrics=batch)
+    assert _snapshot(tracker.client, ours) == _snapshot(tracker.client, theirs)
+    history, latest = _snapshot(tracker.client, ours)
+    assert latest["val_rsum"] == 120.0 and latest["late"] == 3.0 and latest["odd"] > 1e300
+    assert len(history["trajectory/loss"]) == 4
+
+
+def test_a_record_logged_twice_falls_back_to_mlflows_dedup(tracker):
+    now = int(time.time() * 1000)
+    run = tracker.create_run("r", {})
+    batch = _batches(now)[0]
+    tracker.log_batch(run, batch)
+    tracker.log_batch(run, batch)  # the same rows again: no error, nothing doubled
+    assert len(tracker.client.get_metric_history(run, "trajectory/loss")) == 2
+
+
+def test_an_epoch_record_becomes_metrics_and_trajectory():
+    result = {"epoch": 2, "val_rsum": 150.0, "lambda": 3.0, "done": False, "trial_id": "x",
+              "final": False, "artifacts": [],
+              "trajectory": [{"step": 20, "epoch": 2, "loss": 1.0, "L_con": 0.5}]}
+    metrics = {(m.key, m.step): m.value for m in epoch_metrics(result, 0)}
+    assert metrics == {("epoch", 2): 2.0, ("val_rsum", 2): 150.0, ("lambda", 2): 3.0,
+                       ("trajectory/loss", 20): 1.0, ("trajectory/L_con", 20): 0.5}
+
+
+def test_error_line_and_run_name():
+    text = "Failure # 1\nTraceback ...\nicr.errors.TrainingError: non-finite loss at epoch 2\n"
+    assert error_line(text) == "TrainingError: non-finite loss at epoch 2"
+    assert error_line(ValueError("bad\nvalue")) == "ValueError: value"
+    assert error_line(None).startswith("the trial failed without an error")
+    assert run_name("lagrangian", {"objective.eta": 0.11234, "train.seed": 1000}) == \
+        "lagrangian eta=0.112 seed=1000"
