@@ -16,11 +16,11 @@ from typing import Any
 
 from filelock import FileLock
 
-from icr.config import ExperimentConfig, to_flat
+from icr.config import ExperimentConfig, key_specs, to_flat, used_keys
 from icr.errors import ConfigError
 from icr.workspace import Workspace
 from studies import ray_adapter
-from studies.plan import StudyPlan
+from studies.plan import ConditionPlan, StudyPlan
 from studies.processes import stop_signals_as_ctrl_c
 from studies.report import build_report
 from studies.select import Winner, select_winner, summary
@@ -184,7 +184,7 @@ def run_phases(session: Session, say: Callable[[str], None]) -> Path:
                 say(f"search {condition.name}: nothing to search, confirmed as configured")
                 winners[condition.name] = Winner(condition.name, "", None, {}).to_json()
                 continue
-            say(f"search {condition.name}: {_describe_space(condition.domains)}")
+            say(f"search {condition.name}: {_describe_space(condition)}")
             records = search(session, condition.name)
             say(f"  {summary(records, plan.max_epochs)}")
             winner = select_winner(records, plan.study.metric, plan.study.mode, plan.max_epochs)
@@ -210,8 +210,13 @@ def run_phases(session: Session, say: Callable[[str], None]) -> Path:
     return out
 
 
-def _describe_space(domains: dict) -> str:
-    return ", ".join(f"{k} ~ {d.describe()}" for k, d in domains.items())
+def _describe_space(condition: ConditionPlan) -> str:
+    """The searched keys the condition uses (all of them when it searches a component choice)."""
+    specs = key_specs()
+    choosing = any(specs[k].registry for k in condition.domains)
+    used = set(used_keys(condition.config))
+    return ", ".join(f"{k} ~ {d.describe()}" for k, d in condition.domains.items()
+                     if choosing or k in used)
 
 
 def set_quiet_environment() -> None:

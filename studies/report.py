@@ -57,7 +57,7 @@ def row_labels(study: Study, runs: RunSet, searched: dict[str, list[str]]) -> di
         confirm = runs.where(phase="confirm", condition=condition.name)
         values = [f"{key.split('.')[-1]}={_fmt(confirm[key].iloc[0])}"
                   for key in searched.get(condition.name, [])
-                  if not confirm.empty and key in confirm]
+                  if not confirm.empty and key in confirm and pd.notna(confirm[key].iloc[0])]
         labels[condition.name] = condition.label + (f" ({', '.join(values)})" if values else "")
     return labels
 

@@ -317,9 +317,6 @@ def _analyses() -> Any:
     return ANALYSES
 
 
-BATCH_SIZE = 128  # the paper's COCOS batches (section 5)
-
-
 @_analyses().register("cocos")
 def cocos_analysis(*, task: Any) -> Callable[[Any], dict[str, float]]:
     """COCOS of the best checkpoint over the training split (``eval.analyses=cocos``), with the
@@ -336,8 +333,10 @@ def cocos_analysis(*, task: Any) -> Callable[[Any], dict[str, float]]:
     def run(out: Any) -> dict[str, float]:
         img, cap = task.embed_split("train")  # (N_img, D), (N_cap, D), L2-normalised
         caption_image = torch.as_tensor(task.data.splits["train"].caption_image)
-        result = cocos_over_split(img, cap, caption_image, name, batch_size=BATCH_SIZE,
-                                  seed=config.train.seed, **options)
+        # Batches as the run trained on (the paper: its training batches of 128).
+        t = config.train
+        result = cocos_over_split(img, cap, caption_image, name, batch_size=t.batch_size,
+                                  seed=t.seed, sampler=t.sampler, **options)
         return {f"cocos/{k.removeprefix('cocos_')}": v for k, v in result.items()}
 
     return run
