@@ -37,13 +37,13 @@ from studies.tuning import confirm, search
 
 log = logging.getLogger(__name__)
 # Keys that decide which data a config trains on (a distinct data config is prepared once).
-DATA_PREFIXES = ("data.", "text.", "decoder.target_model")
+DATA_PREFIXES = ("task.", "data.", "text.", "decoder.target_model", "grounding.")
 
 
 def default_prepare(config: ExperimentConfig, workspace: Workspace) -> str:
-    from icr.data.pipeline import prepare_data
+    from icr.train.tasks import prepare
 
-    return prepare_data(config, workspace).fingerprint
+    return prepare(config, workspace)
 
 
 @dataclass(frozen=True)
@@ -225,6 +225,7 @@ def set_quiet_environment() -> None:
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "0")  # save Tune's state at every event
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # tuning.py adds JSON and CSV
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 

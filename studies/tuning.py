@@ -26,6 +26,7 @@ from typing import Any
 
 from optuna.trial import TrialState
 from ray import tune
+from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 from ray.tune.schedulers import ASHAScheduler
 from ray.tune.search.optuna import OptunaSearch
 
@@ -152,7 +153,10 @@ def run_tuner(
             storage_path=session.storage_path,
             failure_config=tune.FailureConfig(max_failures=plan.study.max_failures),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
-            callbacks=[callback, ProgressCallback(plan.max_epochs, plan.study.metric)],
+            # Tune's JSON and CSV logs (what ResultGrid reads), not its TensorBoard logger, which
+            # cannot log an epoch's trajectory rows (auto loggers are off: set_quiet_environment).
+            callbacks=[callback, ProgressCallback(plan.max_epochs, plan.study.metric),
+                       JsonLoggerCallback(), CSVLoggerCallback()],
             verbose=session.verbose,
         )
         tuner = tune.Tuner(trainable, param_space=param_space, tune_config=tune_config,

@@ -12,10 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from icr.errors import ConfigError
 from icr.grounding.train import GroundingData, GroundingTask, prepare_grounding_data
 from icr.grounding.words import WordEncoder
-from icr.train.tasks import TASKS
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
@@ -119,8 +117,32 @@ def test_resumed_task_trains_exactly_like_an_uninterrupted_one(data):
     assert other.evaluate("val") == task.evaluate("val")
 
 
-def test_builder_is_registered_and_needs_the_grounding_section():
-    assert "grounding" in TASKS
-    config = SimpleNamespace(task=SimpleNamespace(name="grounding"))
-    with pytest.raises(ConfigError, match="needs the config section 'grounding'"):
-        TASKS.get("grounding")(config, None, torch.device("cpu"))
+def test_fit_trains_the_grounding_task_from_a_config(tmp_path, data):
+    """The seam: ``fit`` builds the task from ``grounding.*`` keys and reports every epoch."""
+    from icr.config import from_flat, used_keys
+    from icr.train import fit
+    from icr.workspace import Workspace
+
+    folder = tmp_path / "tiny-bert"
+    encoder = _encoder(list(data.splits["train"].captions))
+    encoder.model.save_pretrained(folder)
+    encoder.tokenizer.save_pretrained(folder)
+    config = from_flat({
+        "task.name": "grounding", "data.dataset": "shapes", "data.preset": "tiny",
+        "grounding.word_model": str(folder), "grounding.key_dim": 8,
+        "grounding.num_negatives": 2, "grounding.mlm_candidates": 4, "optim.name": "adam",
+        "optim.lr": 3e-3, "optim.grad_clip": 0.0, "train.batch_size": 10,
+        "train.warmup_epochs": 2, "train.finetune_epochs": 0, "train.max_steps_per_epoch": 2,
+        "train.device": "cpu", "train.trajectory_every": 1,
+    })
+    assert "grounding.key_dim" in used_keys(config) and "loss.tau" not in used_keys(config)
+    reports = []
+    result = fit(config, reports.append, workspace=Workspace(tmp_path / "ws"),
+                 run_dir=tmp_path / "run")
+    assert [r.epoch for r in reports] == [1, 2] and reports[-1].final
+    first = reports[0].metrics
+    assert {"train_L_img", "train_L_lang", "val_pointing", "val_R_at_1", "val_L_img",
+            "best_val_pointing", "lr"} <= set(first)
+    assert len(reports[0].trajectory) == 2
+    assert "test_pointing" in reports[-1].metrics
+    assert result.best_val["pointing"] == max(r.metrics["val_pointing"] for r in reports)

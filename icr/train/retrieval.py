@@ -310,8 +310,14 @@ def frozen_cnn(config: ExperimentConfig) -> bool:
             and config.image.random_erasing == 0)
 
 
+def prepare_retrieval(config: ExperimentConfig, workspace: Workspace) -> str:
+    """The data of a retrieval run, cached (dataset, vocabulary, targets, relevance)."""
+    return prepare_data(config, workspace).fingerprint
+
+
 @TASKS.register(
-    "retrieval", reads=("image.*", "text.*", "model.*", "loss.*", "decoder.*", "objective.*")
+    "retrieval", reads=("image.*", "text.*", "model.*", "loss.*", "decoder.*", "objective.*"),
+    prepare=prepare_retrieval,
 )
 def retrieval(config: ExperimentConfig, workspace: Workspace, device: torch.device) -> RetrievalTask:
     """Image-caption retrieval: the dual encoder of the LTD, metric-learning and VSE papers."""

@@ -64,6 +64,16 @@ def build_task(config: Any, workspace: Any, device: torch.device) -> Task:
     return TASKS.build(config.task.name, config=config, workspace=workspace, device=device)
 
 
+def prepare(config: Any, workspace: Any) -> str:
+    """Prepare (and cache) everything the task's trials will read; a fingerprint of the data.
+
+    A task registers its preparation as ``prepare=`` (``(config, workspace) -> str``): the
+    platform calls it once per distinct data configuration on the driver, before any trial, so a
+    bad file fails there and the trials find every cache ready.
+    """
+    return TASKS.meta(config.task.name)["prepare"](config, workspace)
+
+
 def artifacts_dir(run_dir: Path) -> Path:
     """Where a run's analyses write files that go into the final checkpoint."""
     return run_dir / "artifacts"

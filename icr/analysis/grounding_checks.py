@@ -1,0 +1,107 @@
+"""Analyses of a grounding run: the quality of its negative captions, and drawn examples.
+
+- ``negative_quality``: on the embedded benchmark each substituted training caption is judged
+  against the scene it describes (:mod:`icr.grounding.quality`): a true negative is false of its
+  image, a false negative still true (a synonym, or an object or attribute the scene also has),
+  unknown when the judge cannot read the substitute. Something no peer with real data can measure:
+  ``negatives/{true_negative,false_negative,unknown}`` (fractions) and ``negatives/substitutes``.
+- ``grounding_examples``: a few test images drawn with each phrase's top-scoring region (red) and
+  its ground-truth boxes (green), as ``examples/<image>.png``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from icr.analysis import ANALYSES
+from icr.errors import ConfigError
+from icr.metrics.grounding import phrase_region_scores
+
+EXAMPLES = 4  # test images drawn per run
+
+
+def _grounding(task: Any, analysis: str) -> None:
+    if not hasattr(task, "attention"):
+        raise ConfigError(f"eval.analyses={analysis} needs a grounding run (task.name=grounding)")
+
+
+@ANALYSES.register("negative_quality")
+def negative_quality(*, task: Any) -> Callable[[Path], dict[str, float]]:
+    """The share of the run's negative captions that are true / false negatives."""
+    _grounding(task, "negative_quality")
+    if task.source.ground_truth is None:
+        raise ConfigError("eval.analyses=negative_quality needs the embedded benchmark's ground "
+                          "truth (scenes.json); use data.dataset=shapes or drop the analysis")
+    from icr.grounding.quality import load_shapes_truth
+    from icr.grounding.quality import negative_quality as judge
+
+    def run(out: Path) -> dict[str, float]:
+        negatives = task.data.negatives
+        if negatives is None:  # L_img only: no negative captions to judge
+            return {}
+        verdicts = judge(load_shapes_truth(task.source.root, "train"), {"run": negatives})
+        return {f"negatives/{k.removeprefix('run_')}": v for k, v in verdicts.items()}
+
+    return run
+
+
+@ANALYSES.register("grounding_examples")
+def grounding_examples(*, task: Any) -> Callable[[Path], dict[str, float]]:
+    """Test images with each phrase's top region and its ground truth, drawn to PNG files."""
+    _grounding(task, "grounding_examples")
+    images = task.source.root / "images"
+    if not images.is_dir():
+        raise ConfigError(f"eval.analyses=grounding_examples needs the images in {images}")
+
+    def run(out: Path) -> dict[str, float]:
+        split = task.data.splits["test"]
+        piece_phrase = split.piece_phrase(task.data.words["test"].piece_word)  # (C, P)
+        scores = phrase_region_scores(task.attention("test"), torch.as_tensor(piece_phrase),
+                                      len(split.phrase_caption))  # (F, R)
+        for image in range(min(EXAMPLES, len(split.image_ids))):
+            phrases = np.flatnonzero(split.phrase_image == image)
+            _draw(images, split, image, phrases, np.asarray(scores[phrases]), out)
+        return {}
+
+    return run
+
+
+def _draw(folder: Path, split: Any, image: int, phrases: np.ndarray, scores: np.ndarray,
+          out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from PIL import Image
+
+    name = split.image_ids[image]
+    path = next(folder.glob(f"{name}.*"), None)
+    if path is None:
+        return
+    fig, axes = plt.subplots(1, max(len(phrases), 1), figsize=(2.4 * max(len(phrases), 1), 2.8))
+    for ax, phrase, row in zip(np.atleast_1d(axes), phrases, scores, strict=False):
+        ax.imshow(Image.open(path).convert("RGB"))
+        for box, real in zip(split.phrase_boxes[phrase], split.phrase_box_mask[phrase], strict=True):
+            if real:
+                ax.add_patch(_rect(box, "lime"))
+        if np.isfinite(row).any():
+            ax.add_patch(_rect(split.region_boxes[image][int(np.argmax(row))], "red"))
+        caption = split.captions[split.phrase_caption[phrase]].split()
+        ax.set_title(" ".join(caption[split.phrase_first[phrase]:split.phrase_end[phrase]]),
+                     fontsize=7)
+        ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(out / f"{name}.png", dpi=100)
+    plt.close(fig)
+
+
+def _rect(box: np.ndarray, color: str) -> Any:
+    from matplotlib.patches import Rectangle
+
+    x0, y0, x1, y1 = (float(v) for v in box)
+    return Rectangle((x0, y0), x1 - x0, y1 - y0, fill=False, edgecolor=color, linewidth=1.5)

@@ -1,0 +1,413 @@
+"""The grounding task (``task.name=grounding``): word-region attention trained with L_img + L_lang.
+
+The recipe of Gupta et al., "Contrastive Learning for Weakly Supervised Phrase Grounding" (ECCV
+2020, Sec. 2.5; REFERENCE_NOTES.md section 4): frozen contextual word features of the selected
+nouns and adjectives (:mod:`icr.grounding.words`), region features per image
+(:mod:`icr.grounding.data`), the compatibility function of :mod:`icr.grounding.model`, and
+``img_weight * L_img + lang_weight * L_lang`` (:mod:`icr.grounding.losses`; both weights 1) with Adam
+(lr 1e-5) over batches of 50 captions, 10 epochs. ``L_lang`` contrasts each caption's masked noun
+with the substitutes of its negative captions (:mod:`icr.grounding.negatives`).
+
+Config keys: ``grounding.*`` (the model, the word features, the negatives, the loss weights);
+the optimiser is ``optim.name``, ``optim.lr``, ``optim.weight_decay``, ``optim.grad_clip``; the
+batch size ``train.batch_size``; the number of epochs ``train.warmup_epochs +
+train.finetune_epochs`` (the grounding recipe has a single phase). The negatives do not depend on
+``train.seed`` (their seed is :data:`NEGATIVES_SEED`), so every trial and every seed of a study
+shares one cached set.
+
+A batch holds ``batch_size`` captions drawn without replacement; its images are the distinct images
+of those captions, so two captions of one image share it and neither is the other's negative (the
+reference draws image-caption pairs and can put one image twice in a batch, once as a false
+negative). Model selection is on validation pointing accuracy (``selection_metric``), which
+:func:`icr.train.fit` applies; the reference's selection script never evaluated a checkpoint.
+
+Evaluation keeps every content word of a caption (no cap of six), so every phrase whose words are
+tagged gets a score; training keeps the cap (``max_words``).
+
+Everything data-dependent (word features, negatives, the masked-LM head, candidate features) is
+prepared once and cached under ``<workspace>/cache/grounding``, shared by every trial that uses
+the same data and options.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from icr.errors import ConfigError, DataError, TrainingError
+from icr.grounding.data import GroundingSplit, load_grounding, load_shapes_grounding
+from icr.grounding.losses import image_infonce_loss, language_infonce_loss
+from icr.grounding.mlm import HEAD_SOURCE
+from icr.grounding.model import build_grounding_model
+from icr.grounding.negatives import (
+    CandidateFeatures,
+    NegativeCaptions,
+    candidate_features,
+    negative_captions,
+    noun_positions,
+)
+from icr.grounding.words import WordEncoder, WordFeatures, word_features
+from icr.seeding import derive_seed
+from icr.train.tasks import TASKS
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["GroundingData", "GroundingTask", "prepare_grounding_data"]
+
+SPLITS = ("train", "val", "test")
+NO_NEGATIVES = "none"
+NEGATIVES_SEED = 0  # which noun is masked and the masked-LM head's training: shared by all runs
+
+
+@dataclass(frozen=True)
+class GroundingData:
+    """Everything a grounding run reads, prepared once.
+
+    Attributes:
+        splits: the grounding splits (``train``, ``val``, ``test``).
+        words: per split, the features of its selected words.
+        negatives: the training captions' negative captions, or ``None`` (no ``L_lang``).
+        candidates: the features of their true nouns and substitutes, or ``None``.
+    """
+
+    splits: dict[str, GroundingSplit]
+    words: dict[str, WordFeatures]
+    negatives: NegativeCaptions | None = None
+    candidates: CandidateFeatures | None = None
+
+
+def _load_split(source: Any, split: str, shapes: bool, max_regions: int | None,
+                max_words: int | None) -> GroundingSplit:
+    if shapes:
+        return load_shapes_grounding(source.root, split, max_regions=max_regions,
+                                     max_words=max_words)
+    if source.entities_dir is None or source.regions_dir is None:
+        raise DataError(f"{source.root}: grounding needs a Flickr30K Entities folder and region "
+                        "features beside the dataset; use data.dataset=shapes or a dataset "
+                        "that ships both")
+    return load_grounding(source.regions_dir, source.entities_dir, split,
+                          max_regions=max_regions, max_words=max_words)
+
+
+def prepare_grounding_data(
+    source: Any,
+    cache_dir: Path,
+    *,
+    shapes: bool,
+    max_words: int | None = 6,
+    max_regions: int | None = None,
+    word_model: str = "all-MiniLM-L6-v2",
+    word_pooling: str = "pieces",
+    negatives: str = "context",
+    num_negatives: int = 25,
+    num_candidates: int = 30,
+    lang_negatives: int | None = None,
+    negatives_seed: int = NEGATIVES_SEED,
+    mlm: str = "head",
+    mlm_epochs: int = 10,
+    mlm_lr: float = 1e-3,
+    device: str | None = None,
+    show_progress: bool = False,
+    encoder: WordEncoder | None = None,
+) -> GroundingData:
+    """Load the splits and compute (or read from the cache) every derived input.
+
+    Args:
+        source: a :class:`~icr.data.datasets.DatasetSource` (``root``, ``regions_dir``,
+            ``entities_dir``).
+        cache_dir: the cache folder of word features, negatives, the masked-LM head, candidates.
+        shapes: the embedded benchmark (its region boxes are continuous already).
+        max_words: content words kept per training caption (evaluation splits keep all).
+        max_regions: regions kept per image (the reference: 30); ``None``: all.
+        word_model, word_pooling: the frozen word encoder and its pooling
+            (:func:`~icr.grounding.words.word_features`).
+        negatives: a negative generator (``context``, ``random``) or ``none`` (no ``L_lang``).
+        num_negatives, num_candidates: substitutes kept and LM candidates (25 and 30).
+        lang_negatives: the first substitutes that ``L_lang`` uses (their features are computed);
+            ``None``: all ``num_negatives``.
+        negatives_seed: which noun is masked; the head's training; the random generator.
+        mlm, mlm_epochs, mlm_lr: the masked LM (:func:`~icr.grounding.mlm.load_masked_noun_model`).
+        device: where the encoders run.
+        show_progress: tqdm bars.
+        encoder: an already loaded word encoder (``word_model`` is then only its cache name).
+    """
+    splits = {s: _load_split(source, s, shapes, max_regions, max_words if s == "train" else None)
+              for s in SPLITS}
+    words = {s: word_features(list(splits[s].captions), splits[s].words, cache_dir,
+                              model=word_model, pooling=word_pooling, device=device,
+                              show_progress=show_progress, encoder=encoder) for s in SPLITS}
+    if negatives == NO_NEGATIVES or lang_negatives == 0 or num_negatives == 0:
+        return GroundingData(splits, words)
+    captions = list(splits["train"].captions)
+    made = negative_captions(
+        negatives, captions, noun_positions(captions), cache_dir, num_negatives=num_negatives,
+        num_candidates=num_candidates, seed=negatives_seed, mlm_source=mlm, word_model=word_model,
+        mlm_epochs=mlm_epochs, mlm_lr=mlm_lr, device=device, show_progress=show_progress,
+        encoder=encoder)
+    candidates = candidate_features(captions, made, cache_dir, num_negatives=lang_negatives,
+                                    model=word_model, device=device, show_progress=show_progress,
+                                    encoder=encoder)
+    return GroundingData(splits, words, made, candidates)
+
+
+def _rows(array: np.ndarray, index: np.ndarray, device: torch.device) -> torch.Tensor:
+    """Rows ``index`` of a (memory-mapped) array as a float32 tensor on ``device``."""
+    return torch.from_numpy(np.asarray(array[index], dtype=np.float32)).to(device)
+
+
+class GroundingTask:
+    """The grounding model, its optimiser and the steps of the recipe (module docstring).
+
+    Args:
+        data: the prepared data.
+        model: a name of :data:`~icr.grounding.model.GROUNDING_MODELS`.
+        dim: size of the queries, keys and values (384).
+        optimizer: ``adam`` (the paper) or ``adamw``.
+        lr: the learning rate (1e-5).
+        weight_decay: the optimiser's weight decay (0).
+        grad_clip: max gradient norm; 0 = no clipping (the paper does not clip).
+        batch_size: captions per batch (50).
+        epochs: epochs to train (10).
+        img_weight, lang_weight: weights of ``L_img`` and ``L_lang`` (1 and 1).
+        seed: the run's seed (weights, batch order).
+        device: where the model trains.
+        amp: mixed precision on CUDA.
+        max_steps_per_epoch: cut epochs short (0: full epochs).
+        trajectory_every: a trajectory row every this many steps.
+        eval_batch_size: captions per evaluation batch.
+    """
+
+    selection_metric = "pointing"
+
+    def __init__(
+        self,
+        data: GroundingData,
+        *,
+        model: str = "word_region",
+        dim: int = 384,
+        optimizer: str = "adam",
+        lr: float = 1e-5,
+        weight_decay: float = 0.0,
+        grad_clip: float = 0.0,
+        batch_size: int = 50,
+        epochs: int = 10,
+        img_weight: float = 1.0,
+        lang_weight: float = 1.0,
+        seed: int = 0,
+        device: torch.device | str = "cpu",
+        amp: bool = True,
+        max_steps_per_epoch: int = 0,
+        trajectory_every: int = 10,
+        eval_batch_size: int = 256,
+    ) -> None:
+        self.data, self.device = data, torch.device(device)
+        self.epochs, self.batch_size, self.seed = epochs, batch_size, seed
+        self.img_weight, self.lang_weight = img_weight, lang_weight
+        self.trajectory_every, self.eval_batch_size = trajectory_every, eval_batch_size
+        train = data.splits["train"]
+        steps = train.num_captions // batch_size
+        if steps == 0:
+            raise ConfigError(f"grounding.batch_size={batch_size} exceeds the "
+                              f"{train.num_captions} training captions; lower it")
+        self.steps_per_epoch = min(steps, max_steps_per_epoch) if max_steps_per_epoch else steps
+        self.use_lang = lang_weight > 0 and data.candidates is not None
+        torch.manual_seed(seed)
+        self.model = build_grounding_model(
+            model, word_dim=data.words["train"].features.shape[-1],
+            region_dim=train.region_features.shape[-1], dim=dim).to(self.device)
+        optimizers = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
+        if optimizer not in optimizers:
+            raise ConfigError(f"optimiser {optimizer!r} is unknown; valid: {', '.join(optimizers)}")
+        self.optimizer = optimizers[optimizer](self.model.parameters(), lr=lr,
+                                               weight_decay=weight_decay)
+        self.grad_clip = grad_clip
+        self.amp = amp and self.device.type == "cuda"
+        self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp)
+        self.global_step = 0
+        self._rows: list[dict[str, float]] = []
+
+    # -- training ---------------------------------------------------------------------------
+
+    def _batch(self, split: str, index: np.ndarray) -> dict[str, torch.Tensor]:
+        """Words of captions ``index``, the distinct images of those captions, the targets."""
+        data, dev = self.data.splits[split], self.device
+        features = self.data.words[split]
+        images, targets = np.unique(data.caption_image[index], return_inverse=True)
+        batch = {
+            "words": _rows(features.features, index, dev),  # (B_c, P, D_w)
+            "word_mask": torch.from_numpy(features.mask[index]).to(dev),  # (B_c, P)
+            "regions": _rows(data.region_features, images, dev),  # (B_i, R, D_r)
+            "region_mask": torch.from_numpy(data.region_mask[images]).to(dev),  # (B_i, R)
+            "targets": torch.from_numpy(targets.reshape(-1)).to(dev),  # (B_c,)
+        }
+        if split == "train" and self.use_lang:
+            candidates = self.data.candidates
+            batch["candidates"] = _rows(candidates.features, index, dev)  # (B_c, 1 + K, D_w)
+            batch["candidate_mask"] = torch.from_numpy(candidates.mask[index]).to(dev)
+        return batch
+
+    def _losses(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``L_img`` and, with candidates, ``L_lang`` of a batch."""
+        logits = self.model(batch["words"], batch["word_mask"], batch["regions"],
+                            batch["region_mask"]).logits  # (B_c, B_i, P)
+        out = {"L_img": image_infonce_loss(logits, batch["word_mask"], batch["targets"])}
+        if "candidates" in batch:
+            own = batch["targets"]
+            lang = self.model.paired(batch["candidates"], batch["candidate_mask"],
+                                     batch["regions"][own], batch["region_mask"][own])
+            out["L_lang"] = language_infonce_loss(
+                lang.logits, batch["candidate_mask"][:, 0], batch["candidate_mask"])
+        return out
+
+    def train_epoch(self, epoch: int, progress: bool = False) -> dict[str, float]:
+        """One epoch over the training captions in a seeded order; the mean loss terms."""
+        self.model.train()
+        generator = torch.Generator().manual_seed(derive_seed(self.seed, epoch))
+        order = torch.randperm(self.data.splits["train"].num_captions, generator=generator)
+        sums: dict[str, float] = {}
+        steps = range(self.steps_per_epoch)
+        bar = tqdm(steps, desc=f"epoch {epoch + 1}/{self.epochs}", disable=not progress,
+                   leave=False)
+        for step in bar:
+            index = np.sort(order[step * self.batch_size:(step + 1) * self.batch_size].numpy())
+            logs = self.train_step(self._batch("train", index), epoch, step)
+            for k, v in logs.items():
+                sums[k] = sums.get(k, 0.0) + v
+        return {f"train_{k}": v / self.steps_per_epoch for k, v in sums.items()}
+
+    def train_step(self, batch: dict[str, torch.Tensor], epoch: int, step: int) -> dict[str, float]:
+        autocast = torch.autocast("cuda", dtype=torch.float16) if self.amp else nullcontext()
+        with autocast:
+            terms = self._losses(batch)
+            loss = self.img_weight * terms["L_img"]
+            if "L_lang" in terms:
+                loss = loss + self.lang_weight * terms["L_lang"]
+        logs = {"loss": float(loss.detach()), **{k: float(v.detach()) for k, v in terms.items()}}
+        if not math.isfinite(logs["loss"]):
+            parts = ", ".join(f"{k}={v:.4g}" for k, v in logs.items())
+            raise TrainingError(f"non-finite grounding loss at epoch {epoch + 1}, step "
+                                f"{step + 1} ({parts}); lower grounding.lr or check the data")
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scaler.scale(loss).backward()
+        if self.grad_clip > 0:
+            self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.global_step += 1
+        if self.global_step % self.trajectory_every == 0:
+            self._rows.append({"step": self.global_step, "epoch": epoch + 1, **logs})
+        return logs
+
+    def take_trajectory(self) -> list[dict[str, float]]:
+        rows, self._rows = self._rows, []
+        return rows
+
+    # -- evaluation -------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def attention(self, split: str) -> torch.Tensor:
+        """Each word-feature position's attention over its caption's own image: ``(C, P, R)``."""
+        self.model.eval()
+        data = self.data.splits[split]
+        parts = []
+        for start in range(0, data.num_captions, self.eval_batch_size):
+            index = np.arange(start, min(start + self.eval_batch_size, data.num_captions))
+            batch = self._batch(split, index)
+            own = batch["targets"]
+            out = self.model.paired(batch["words"], batch["word_mask"], batch["regions"][own],
+                                    batch["region_mask"][own])
+            parts.append(out.attention.float().cpu())  # (B, P, R)
+        return torch.cat(parts)
+
+    @torch.no_grad()
+    def evaluate(self, split: str) -> dict[str, float]:
+        """Recall@k and pointing accuracy of ``split`` (percent), and its mean ``L_img`` over
+        batches of ``batch_size`` captions in a fixed random order, as in training (Fig. 4 of the
+        paper follows the InfoNCE bound ``log k - L_img`` on held-out data)."""
+        data = self.data.splits[split]
+        metrics = data.evaluate(self.attention(split), self.data.words[split].piece_word)
+        self.model.eval()
+        order = np.random.default_rng(0).permutation(data.num_captions)
+        batches = [np.sort(order[start:start + self.batch_size]) for start in
+                   range(0, data.num_captions - self.batch_size + 1, self.batch_size)]
+        if batches:
+            losses = [float(self._losses(self._batch(split, b))["L_img"]) for b in batches]
+            metrics["L_img"] = float(np.mean(losses))
+        return metrics
+
+    # -- state ------------------------------------------------------------------------------
+
+    def metrics(self) -> dict[str, float]:
+        return {"lr": self.optimizer.param_groups[0]["lr"]}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scaler": self.scaler.state_dict(), "global_step": self.global_step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scaler.load_state_dict(state["scaler"])
+        self.global_step = int(state["global_step"])
+
+    def model_state(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+
+    def load_model_state(self, state: dict[str, torch.Tensor]) -> None:
+        self.model.load_state_dict(state)
+
+    def eval(self) -> None:
+        self.model.eval()
+
+
+def _prepare(config: Any, workspace: Any, device: str | None, progress: bool = False
+             ) -> tuple[Any, GroundingData]:
+    from icr.data.datasets import load_source
+
+    g = config.grounding
+    source = load_source(config, workspace)
+    data = prepare_grounding_data(
+        source, workspace.cache / "grounding",
+        shapes=config.data.dataset == "shapes", max_words=g.max_words,
+        max_regions=g.max_regions or None, word_model=g.word_model, word_pooling=g.word_pooling,
+        negatives=g.negatives if g.lang_weight > 0 else NO_NEGATIVES,
+        num_negatives=g.num_negatives, num_candidates=g.mlm_candidates,
+        mlm=g.mlm_path or HEAD_SOURCE, device=device, show_progress=progress)
+    return source, data
+
+
+def prepare_grounding(config: Any, workspace: Any) -> str:
+    """Every cached input of a grounding run (word features, negatives, their features), on the
+    driver; the fingerprint of the splits' captions."""
+    import hashlib
+
+    _, data = _prepare(config, workspace, None, progress=True)
+    digest = hashlib.sha256()
+    for split in SPLITS:
+        digest.update("\n".join(data.splits[split].captions).encode())
+    return digest.hexdigest()[:16]
+
+
+@TASKS.register("grounding", reads=("grounding.*",), prepare=prepare_grounding)
+def grounding(config: Any, workspace: Any, device: torch.device) -> GroundingTask:
+    """Weakly supervised phrase grounding (Gupta et al., ECCV 2020); keys in the module docstring."""
+    g = config.grounding
+    source, data = _prepare(config, workspace, str(device))
+    o, t = config.optim, config.train
+    task = GroundingTask(
+        data, model=g.model, dim=g.key_dim, optimizer=o.name, lr=o.lr,
+        weight_decay=o.weight_decay, grad_clip=o.grad_clip, batch_size=t.batch_size,
+        epochs=config.epochs, img_weight=g.img_weight, lang_weight=g.lang_weight, seed=t.seed,
+        device=device, amp=t.amp, max_steps_per_epoch=t.max_steps_per_epoch,
+        trajectory_every=t.trajectory_every, eval_batch_size=config.eval.batch_size)
+    task.config, task.source = config, source  # what the analyses read (icr.analysis)
+    return task
