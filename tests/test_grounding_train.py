@@ -134,6 +134,7 @@ def test_fit_trains_the_grounding_task_from_a_config(tmp_path, data):
         "optim.lr": 3e-3, "optim.grad_clip": 0.0, "train.batch_size": 10,
         "train.warmup_epochs": 2, "train.finetune_epochs": 0, "train.max_steps_per_epoch": 2,
         "train.device": "cpu", "train.trajectory_every": 1,
+        "eval.analyses": "negative_quality,grounding_examples",
     })
     assert "grounding.key_dim" in used_keys(config) and "loss.tau" not in used_keys(config)
     reports = []
@@ -146,3 +147,10 @@ def test_fit_trains_the_grounding_task_from_a_config(tmp_path, data):
     assert len(reports[0].trajectory) == 2
     assert "test_pointing" in reports[-1].metrics
     assert result.best_val["pointing"] == max(r.metrics["val_pointing"] for r in reports)
+    # The analyses ran on the best checkpoint: the negatives judged against the scenes, and
+    # test images drawn with each phrase's top region, kept with the final checkpoint.
+    final = reports[-1]
+    shares = [final.metrics[f"negatives/{k}"] for k in ("true_negative", "false_negative", "unknown")]
+    assert sum(shares) == pytest.approx(1.0) and final.metrics["negatives/substitutes"] > 0
+    drawn = [a for a in final.artifacts if a.endswith(".png")]
+    assert drawn and all((final.checkpoint / a).is_file() for a in drawn)
