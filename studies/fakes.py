@@ -39,6 +39,8 @@ class FakeFit:
             resumed epoch, epochs run), for tests of GPU pinning and of resuming.
         barrier: with ``record_dir``, wait (up to 60 s) until this many calls have started,
             which proves that they run concurrently.
+        gate, hold_after: before training epoch ``hold_after + 1`` wait until the file
+            ``<gate>/go`` exists (a test holds trials at a known point, e.g. to lose a node).
     """
 
     epoch_seconds: float = 0.0
@@ -46,6 +48,8 @@ class FakeFit:
     fail_epoch: int = 2
     record_dir: str | None = None
     barrier: int = 0
+    gate: str | None = None
+    hold_after: int = 0
 
     def __call__(
         self, config: ExperimentConfig, reporter: Any = None, resume_from: Path | str | None = None,
@@ -64,6 +68,8 @@ class FakeFit:
         for epoch in range(start, config.epochs):
             if failing and epoch + 1 == self.fail_epoch:
                 raise TrainingError(f"non-finite loss at epoch {epoch + 1} (fake)")
+            while self.gate and epoch >= self.hold_after and not (Path(self.gate) / "go").exists():
+                time.sleep(0.05)  # held by the test, not timed
             time.sleep(self.epoch_seconds)
             metrics, rows = self._epoch(flat, epoch)
             best = max([h["val_rsum"] for h in history] + [metrics["val_rsum"]])
@@ -78,9 +84,9 @@ class FakeFit:
             trajectory.extend(rows)
             (checkpoint / "state.json").write_text(json.dumps(
                 {"epoch": epoch + 1, "history": history, "trajectory": trajectory}))
-            self._record(record, epochs_run=epoch + 1 - start)
             if reporter is not None:
                 reporter(EpochReport(epoch + 1, dict(metrics), tuple(rows), checkpoint, (), final))
+            self._record(record, epochs_run=epoch + 1 - start)  # after the epoch was reported
         best = max(history, key=lambda h: h["val_rsum"]) if history else {"epoch": 0}
         test = {k[5:]: v for k, v in history[-1].items() if k.startswith("test_")} if history else {}
         return FitResult(int(best["epoch"]),

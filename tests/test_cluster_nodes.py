@@ -139,3 +139,86 @@ def test_a_trial_on_a_lost_node_resumes_from_its_checkpoint(tmp_path: Path) -> N
                 ray_adapter.stop_instance(instance)
     assert not processes.family(head.marker, head.temp_dir)
     assert not processes.family(worker.marker, worker.temp_dir)
+
+
+STUDY_SPACE = "conditions:\n  lagrangian:\n    objective.eta: {uniform: [0.05, 0.3]}\n"
+
+
+def _records(folder: Path) -> list[dict]:
+    return [{**json.loads(p.read_text()), "pid": int(p.stem.split("-")[0])}
+            for p in sorted(folder.glob("*.json"))]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_a_study_survives_a_lost_node_without_duplicating_runs(tmp_path: Path) -> None:
+    """The whole pipeline on a two-node cluster: a trial's node dies mid-trial; the study
+    completes, that trial resumes from its checkpoint on the head, and MLflow has one run per
+    trial, each epoch recorded once."""
+    import ray  # before psutil: Ray ships the psutil it uses
+    from mlflow.tracking import MlflowClient
+
+    from studies.catalog import Condition, Study
+    from studies.fakes import FakeFit, fake_prepare
+    from studies.pipeline import Backend
+    from studies.run import main
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    gate, records = tmp_path / "gate", tmp_path / "records"
+    gate.mkdir()
+    (tmp_path / "space.yaml").write_text(STUDY_SPACE)
+    study = Study(name="nodes", description="node loss", space_file=str(tmp_path / "space.yaml"),
+                  base={"train.warmup_epochs": 2, "train.finetune_epochs": 2},
+                  conditions=(Condition("lagrangian", "L", {"objective.name": "lagrangian"}),),
+                  budget=2, startup_trials=2, seeds=1, grace_period=4, max_failures=2)
+    fit = FakeFit(record_dir=str(records), gate=str(gate), hold_after=HOLD_AFTER)
+    head = ray_adapter.start_head(num_cpus=1, dashboard=False, system_config=FAST_HEALTH_CHECKS)
+    worker = None
+    done = threading.Event()
+    import psutil
+
+    try:
+        worker = ray_adapter.start_node(head.address, num_cpus=1)
+
+        def kill_when_held() -> None:
+            while not done.is_set():
+                members = {p.pid for p in processes.family(worker.marker, worker.temp_dir)}
+                held = [r for r in _records(records) if r["pid"] in members
+                        and r["epochs_run"] + r["resumed_after"] >= HOLD_AFTER]
+                if held:
+                    for proc in processes.family(worker.marker, worker.temp_dir):
+                        if proc.name() == "raylet":
+                            proc.send_signal(signal.SIGKILL)
+                    while not done.is_set() and psutil.pid_exists(held[0]["pid"]):
+                        time.sleep(0.05)
+                    (gate / "lost").write_text(str(held[0]["pid"]))
+                    (gate / "go").touch()
+                    return
+                time.sleep(0.05)
+
+        watcher = threading.Thread(target=kill_when_held, daemon=True)
+        watcher.start()
+        rc = main(["nodes", "--workspace", str(tmp_path / "ws"), "--address", head.address,
+                   "--storage", str(tmp_path / "ray")],
+                  backend=Backend(fit, fake_prepare), extra_studies={"nodes": study})
+        done.set()
+        watcher.join()
+        assert rc == 0
+        assert (gate / "lost").exists(), "no trial ran on the worker node"
+        resumed = [r for r in _records(records) if r["resumed_after"] > 0]
+        assert resumed and all(r["resumed_after"] == HOLD_AFTER for r in resumed)
+        client = MlflowClient(f"sqlite:///{tmp_path / 'ws' / 'mlflow.db'}")
+        experiment = client.get_experiment_by_name("nodes")
+        trials = [r for r in client.search_runs([experiment.experiment_id])
+                  if r.data.tags.get("icr.role") == "trial"]
+        assert len(trials) == 3  # 2 search trials + 1 confirmation run, none twice
+        assert len({r.data.tags["tune_trial_id"] for r in trials}) == 3
+        for run in trials:
+            steps = [m.step for m in client.get_metric_history(run.info.run_id, "epoch")]
+            assert sorted(steps) == [1, 2, 3, 4] and run.info.status == "FINISHED"
+    finally:
+        done.set()
+        ray.shutdown()
+        for instance in (worker, head):
+            if instance is not None:
+                ray_adapter.stop_instance(instance)
