@@ -15,6 +15,7 @@ it, not by a triplet trial.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import inspect
 import pkgutil
@@ -104,6 +105,21 @@ class Registry(Generic[T]):
         """Dotted config keys the component ``name`` depends on."""
         own = tuple(f"{self.section}.{p}" for p in self.options(name))
         return own + self._extra_reads[name]
+
+    def bind(self, name: str, /, **options: Any) -> Callable:
+        """The builder of ``name`` with ``options`` bound (``functools.partial``).
+
+        Raises:
+            ConfigError: ``name`` is unknown, or the builder takes no option of that name
+                (the message lists the ones it takes).
+        """
+        builder = self.get(name)
+        accepted = list(inspect.signature(builder).parameters)
+        unknown = sorted(set(options) - set(accepted))
+        if unknown:
+            raise ConfigError(f"{self.kind} {name!r} takes no option {unknown[0]!r}; its "
+                              f"options: {', '.join(accepted) or 'none'}")
+        return functools.partial(builder, **options)
 
     def build(self, name: str, section: Any = None, /, **context: Any) -> Any:
         """Call the builder of ``name`` with its options from ``section`` and the ``context``.

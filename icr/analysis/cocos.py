@@ -44,7 +44,6 @@ the mean and standard deviation over batches, as section 5 of the paper does.
 
 from __future__ import annotations
 
-import functools
 import inspect
 import logging
 import math
@@ -234,14 +233,7 @@ def build_counter(name: str, **options: Any) -> Callable[..., dict[str, float]]:
     Raises:
         ConfigError: unknown loss name or an option its counter does not take.
     """
-    counter = COCOS_COUNTERS.get(name)
-    valid = counter_options(name)
-    unknown = sorted(set(options) - set(valid))
-    if unknown:
-        raise ConfigError(
-            f"COCOS counter {name!r} has no option(s) {unknown}; valid: {', '.join(valid)}"
-        )
-    return functools.partial(counter, **options)
+    return COCOS_COUNTERS.bind(name, **options)
 
 
 def cocos_over_split(

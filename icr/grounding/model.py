@@ -14,7 +14,6 @@ Builders are registered by name in :data:`GROUNDING_MODELS` and take plain keywo
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,7 +21,6 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from icr.errors import ConfigError
 from icr.registry import Registry
 
 __all__ = [
@@ -207,12 +205,4 @@ def word_region(
 
 def build_grounding_model(name: str, **kwargs: object) -> nn.Module:
     """Build the grounding model registered as ``name``; an option it does not take raises."""
-    builder = GROUNDING_MODELS.get(name)
-    accepted = inspect.signature(builder).parameters
-    unknown = sorted(set(kwargs) - set(accepted))
-    if unknown:
-        raise ConfigError(
-            f"grounding model {name!r} takes no option {unknown[0]!r}; its options: "
-            f"{', '.join(accepted)}"
-        )
-    return builder(**kwargs)
+    return GROUNDING_MODELS.bind(name, **kwargs)()

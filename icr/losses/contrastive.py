@@ -13,7 +13,6 @@ and register here by name; :func:`build_loss` binds a name and its options into 
 
 from __future__ import annotations
 
-import functools
 import inspect
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -21,7 +20,6 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from icr.errors import ConfigError
 from icr.registry import Registry
 
 
@@ -82,14 +80,7 @@ def build_loss(name: str, **options: Any) -> ContrastiveLoss:
     Raises:
         ConfigError: unknown loss name or an option the loss does not take.
     """
-    fn = LOSSES.get(name)
-    valid = loss_options(name)
-    unknown = sorted(set(options) - set(valid))
-    if unknown:
-        raise ConfigError(
-            f"contrastive loss {name!r} has no option(s) {unknown}; valid: {', '.join(valid)}"
-        )
-    return functools.partial(fn, **options)
+    return LOSSES.bind(name, **options)
 
 
 def loss_options(name: str) -> list[str]:

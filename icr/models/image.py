@@ -15,7 +15,6 @@ raises a one-line :class:`~icr.errors.ConfigError` naming where it looked and th
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -88,15 +87,7 @@ IMAGE_ENCODERS: Registry[Callable[..., nn.Module]] = Registry(
 
 def build_image_encoder(name: str, **kwargs: object) -> ImageEncoder:
     """Build the encoder registered as ``name``; an option it does not take raises ConfigError."""
-    builder = IMAGE_ENCODERS.get(name)
-    accepted = inspect.signature(builder).parameters
-    unknown = sorted(set(kwargs) - set(accepted))
-    if unknown:
-        raise ConfigError(
-            f"image encoder {name!r} takes no option {unknown[0]!r}; its options: "
-            f"{', '.join(accepted)}"
-        )
-    return builder(**kwargs)
+    return IMAGE_ENCODERS.bind(name, **kwargs)()
 
 
 # --------------------------------------------------------------------------- weights

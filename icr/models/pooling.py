@@ -18,7 +18,6 @@ tokens only. Every set needs at least one real token.
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Callable
 
@@ -46,15 +45,7 @@ POOLINGS: Registry[Callable[..., nn.Module]] = Registry("pooling", package="icr.
 
 def build_pooling(name: str, dim: int, **options: object) -> nn.Module:
     """The pooling registered as ``name`` for ``dim``-d features; an unknown option raises."""
-    builder = POOLINGS.get(name)
-    accepted = [p for p in inspect.signature(builder).parameters if p != "dim"]
-    unknown = sorted(set(options) - set(accepted))
-    if unknown:
-        raise ConfigError(
-            f"pooling {name!r} takes no option {unknown[0]!r}; its options: "
-            f"{', '.join(accepted) or 'none'}"
-        )
-    return builder(dim, **options)
+    return POOLINGS.bind(name, **options)(dim)
 
 
 def sort_tokens(features: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
