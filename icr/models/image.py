@@ -8,6 +8,10 @@ Builders are registered by name in :data:`IMAGE_ENCODERS` and take plain keyword
 - ``small_cnn``: four conv blocks with BatchNorm (about 0.4M parameters at the defaults), sized for
   the 64x64 "shapes world" images on CPU.
 
+Encoders of precomputed region features (``regions``, ``region_tokens``, ``vsrn``) live in
+:mod:`icr.models.tokens` and :mod:`icr.models.vsrn`; EfficientNet-Lite0 in
+:mod:`icr.models.efficientnet`.
+
 Pretrained weights are never downloaded. They come from ``weights_path`` or from the local torch hub
 cache (``torch.hub.get_dir()/checkpoints/<torchvision file name>``); when neither exists the builder
 raises a one-line :class:`~icr.errors.ConfigError` naming where it looked and the fix.
@@ -145,7 +149,7 @@ def _load_backbone(backbone: nn.Module, path: Path, arch: str) -> None:
     logger.info("loaded %s weights from %s", arch, path)
 
 
-def _maybe_load(
+def maybe_load_weights(
     backbone: nn.Module,
     arch: str,
     pretrained: bool,
@@ -174,7 +178,7 @@ def _resnet(
     children = [(name, m) for name, m in net.named_children() if name not in ("avgpool", "fc")]
     backbone = nn.Sequential(OrderedDict(children))
     hub_file_names = [Path(urlparse(w.url).path).name for w in weights_enum]
-    _maybe_load(backbone, arch, pretrained, weights_path, hub_file_names)
+    maybe_load_weights(backbone, arch, pretrained, weights_path, hub_file_names)
     return ImageEncoder(backbone, output_dim)
 
 
@@ -254,56 +258,5 @@ def small_cnn(
     encoder or of its backbone, e.g. from an earlier run).
     """
     backbone = SmallCNN(output_dim=output_dim, width=width)
-    _maybe_load(backbone, "small_cnn", pretrained, weights_path)
+    maybe_load_weights(backbone, "small_cnn", pretrained, weights_path)
     return ImageEncoder(backbone, output_dim)
-
-
-# --------------------------------------------------------------------------- region features
-
-
-class RegionEncoder(nn.Module):
-    """Precomputed region features (SCAN / BUTD layout) to one image vector.
-
-    Each region (its feature, with its normalised box appended when available) goes through a
-    two-layer MLP; the regions are then max-pooled, so the image vector keeps, per dimension, the
-    strongest region. There is no backbone to freeze: the detector ran offline.
-
-    Args:
-        in_dim: size of a region's input vector (feature dim, + 4 with boxes).
-        hidden_dim: MLP hidden size.
-        output_dim: image vector size.
-
-    Shapes:
-        regions (B, R, in_dim) -> (B, output_dim).
-    """
-
-    reads_regions = True  # reads precomputed regions (data.features=regions)
-
-    def __init__(self, in_dim: int, hidden_dim: int = 512, output_dim: int = 512) -> None:
-        super().__init__()
-        # Detector features share a large common component; standardising each input dimension
-        # (BatchNorm over all regions of the batch) conditions the MLP.
-        self.norm = nn.BatchNorm1d(in_dim)
-        self.mlp = nn.Sequential(
-            nn.Linear(in_dim, hidden_dim), nn.ReLU(inplace=True), nn.Linear(hidden_dim, output_dim)
-        )
-        self.output_dim = output_dim
-
-    def forward(self, regions: Tensor) -> Tensor:
-        normed = self.norm(regions.flatten(0, 1)).view_as(regions)  # (B, R, in_dim)
-        per_region = self.mlp(normed)  # (B, R, output_dim)
-        return per_region.max(dim=1).values  # (B, output_dim)
-
-    def set_backbone_trainable(self, flag: bool) -> None:
-        """No backbone: the region features were extracted offline."""
-
-
-@IMAGE_ENCODERS.register("regions", input="regions")
-def regions(
-    *, in_dim: int, hidden_dim: int = 512, output_dim: int = 512, pretrained: bool = False,
-    weights_path: str | None = None,
-) -> RegionEncoder:
-    """:class:`RegionEncoder` over precomputed regions (``data.features=regions``)."""
-    encoder = RegionEncoder(in_dim, hidden_dim, output_dim)
-    _maybe_load(encoder, "regions", pretrained, weights_path)
-    return encoder

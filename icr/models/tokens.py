@@ -81,8 +81,8 @@ class RegionTokenEncoder(nn.Module):
         -> features (B, R, output_dim), mask (B, R) bool.
 
     References:
-        VSE+2AD paper, Appendix B ("region feature ... the multilayer perceptron"); like
-        :class:`icr.models.image.RegionEncoder` without its max pooling.
+        VSE+2AD paper, Appendix B ("region feature ... the multilayer perceptron"). With max
+        pooling it is the ``regions`` image encoder of the LTD studies.
     """
 
     reads_regions = True  # reads precomputed regions (data.features=regions)
@@ -361,6 +361,22 @@ def _registries() -> tuple[Any, Any, Any]:
 
 
 _IMAGE, _TEXT, _POOLINGS = _registries()
+
+
+@_IMAGE.register("regions", input="regions")
+def regions(
+    *, in_dim: int, hidden_dim: int, output_dim: int, pretrained: bool = False,
+    weights_path: str | None = None,
+) -> PooledEncoder:
+    """Precomputed regions (SCAN / BUTD layout) to one vector: each region (its standardised
+    feature, its normalised box appended when available) through a two-layer MLP, then the
+    per-dimension maximum over the regions. No backbone to freeze: the detector ran offline."""
+    from icr.models.image import maybe_load_weights
+
+    encoder = PooledEncoder(RegionTokenEncoder(in_dim, hidden_dim, output_dim),
+                            _POOLINGS.build("max", dim=output_dim))
+    maybe_load_weights(encoder, "regions", pretrained, weights_path)
+    return encoder
 
 
 @_IMAGE.register("region_tokens", input="regions")

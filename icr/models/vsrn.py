@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence
 
-from icr.models.image import IMAGE_ENCODERS, _maybe_load
+from icr.models.image import IMAGE_ENCODERS, maybe_load_weights
 
 __all__ = ["GraphReasoning", "VSRNEncoder", "vsrn"]
 
@@ -164,5 +164,5 @@ def vsrn(
     """
     inter_dim = gcn_inter_dim or None
     encoder = VSRNEncoder(in_dim, output_dim, gcn_layers, inter_dim, normalize_regions)
-    _maybe_load(encoder, "vsrn", pretrained, weights_path)
+    maybe_load_weights(encoder, "vsrn", pretrained, weights_path)
     return encoder
