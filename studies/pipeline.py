@@ -95,6 +95,8 @@ def run_study(
     say: Callable[[str], None] = print, verbose: int = 0,
 ) -> Path:
     """Run (or continue) the whole study; returns the report folder."""
+    if not verbose:  # one line per trial (ProgressCallback), not Tune's tracebacks and tables
+        logging.getLogger("ray.tune").setLevel(logging.CRITICAL)
     if resume and not fresh and find_unfinished(plan.state_root) is None:  # before writing a lock
         raise ConfigError(f"nothing to resume: study {plan.key} has no unfinished run in {plan.state_root}")
     with DriverLock(plan.workspace.root, plan.key):
@@ -226,6 +228,8 @@ def set_quiet_environment() -> None:
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "0")  # save Tune's state at every event
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # tuning.py adds JSON and CSV
+    # Tune's classic reporter: silent at verbose=0 (the new one prints a table per experiment).
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
