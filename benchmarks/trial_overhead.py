@@ -29,7 +29,7 @@ def in_process_epochs(config, workspace) -> list[float]:
     from icr.train import fit
 
     marks = [time.perf_counter()]
-    fit(config, lambda metrics, checkpoint: marks.append(time.perf_counter()), None,
+    fit(config, lambda report: marks.append(time.perf_counter()), None,
         workspace=workspace, run_dir=Path(tempfile.mkdtemp(prefix="overhead-")))
     return [b - a for a, b in zip(marks, marks[1:], strict=False)]
 
