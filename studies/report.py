@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -91,14 +92,15 @@ def failure_notes(study: Study, runs: RunSet) -> list[str]:
         elif attempted.empty and not searched.empty:
             why = "no search trial ran the full budget, so there was no winner to confirm"
         else:
-            why = "no confirmation run (--seeds 0?)"
+            why = "no confirmation run"
         notes.append(f"- {condition.label}: no finished run: {why}")
     return notes
 
 
-def write_table(table: Table, study: Study, runs: RunSet, labels: dict[str, str],
-                notes: list[str], out: Path) -> tuple[str, dict[str, float]]:
-    """Write ``<table>.md`` / ``.tex``; return the Markdown and the cells as parent-run metrics."""
+def table_frame(table: Table, study: Study, runs: RunSet, labels: dict[str, str]
+                ) -> tuple[pd.DataFrame, list[str], dict[str, str]]:
+    """The runs a table summarises (the finished confirmation runs, then an ensemble row per
+    ensemble run, then the table's reference rows), their condition order and row labels."""
     finished = runs.finished("confirm")
     order = [c.name for c in study.conditions]
     labels = dict(labels)
@@ -119,17 +121,25 @@ def write_table(table: Table, study: Study, runs: RunSet, labels: dict[str, str]
         order.append(label)
     frame = pd.concat(frames, ignore_index=True) if not finished.empty else \
         pd.DataFrame({"condition": []})
+    return frame, order, labels
+
+
+def write_table(table: Table, study: Study, runs: RunSet, labels: dict[str, str],
+                notes: list[str], out: Path) -> tuple[str, dict[str, float]]:
+    """Write ``<table>.md`` / ``.tex``; return the Markdown and the cells as parent-run metrics."""
+    frame, order, labels = table_frame(table, study, runs, labels)
     rows = summarize(frame, table, order, labels)
     markdown = to_markdown(rows, table) + ("\n" + "\n".join(notes) + "\n" if notes else "")
     (out / f"{table.name}.md").write_text(markdown, encoding="utf-8")
     (out / f"{table.name}.tex").write_text(to_latex(rows, table), encoding="utf-8")
     metrics = {}
     for row in rows:
+        name = re.sub(r"[^\w\-./: ]", "", row.condition).strip()  # MLflow's metric-name alphabet
         for key, cell in row.cells.items():
             if cell.n and math.isfinite(cell.mean):
-                metrics[f"{row.condition}/{key}/mean"] = cell.mean
+                metrics[f"{name}/{key}/mean"] = cell.mean
                 if cell.n > 1:
-                    metrics[f"{row.condition}/{key}/std"] = cell.std
+                    metrics[f"{name}/{key}/std"] = cell.std
     return markdown, metrics
 
 
