@@ -99,9 +99,12 @@ def run_study(
         logging.getLogger("ray.tune").setLevel(logging.CRITICAL)
     if resume and not fresh and find_unfinished(plan.state_root) is None:  # before writing a lock
         raise ConfigError(f"nothing to resume: study {plan.key} has no unfinished run in {plan.state_root}")
+    if plan.address:
+        ray_adapter.reachable_gcs(plan.address)  # fails in seconds, before anything is written
+    # Data and caches are shared by every study and written atomically: prepared before the lock.
+    fingerprints = prepare_data(plan, backend, say)
     with DriverLock(plan.workspace.root, plan.key):
         run_dir = choose_run_dir(plan, resume, fresh, say)
-        fingerprints = prepare_data(plan, backend, say)
         # A driver killed earlier may have left its private Ray instance: stop exactly that one.
         record = plan.workspace.root / "locks" / f"{plan.key}.ray.json"
         ray_adapter.stop_recorded_instance(record)

@@ -21,6 +21,7 @@ from typing import Any
 
 from icr.config import ExperimentConfig, Scalar, check_paths, from_flat, parse_value, to_flat
 from icr.errors import ConfigError, UserError
+from icr.train.tasks import check as check_task
 from icr.workspace import Workspace
 from studies.catalog import Study
 from studies.space import Domain, load_space
@@ -155,6 +156,7 @@ def _conditions(study: Study, options: Options) -> tuple[ConditionPlan, ...]:
         flat = {**study.base, **section.fixed, **condition.overrides, **smoke, **user}
         config = from_flat(flat)  # validates every value
         check_paths(config)
+        check_task(config)
         flat = {k: v for k, v in to_flat(config).items() if k in flat}
         domains = {k: d for k, d in section.domains.items() if k not in user}
         for domain in domains.values():  # every searched value must make a valid config too

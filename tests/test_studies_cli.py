@@ -38,6 +38,10 @@ def run_cli(*args: str, module: str = "studies.run") -> subprocess.CompletedProc
         (["ltd_bound", "--smoke", "--seeds", "0"], "--seeds 0: give at least 1"),
         (["ltd_bound", "--seeds", "abc"], "argument --seeds: invalid int value: 'abc'"),
         (["ltd_bound", "--smoke", "--set", "text.glove={binary}"], "not UTF-8 text"),
+        (["ltd_bound", "--smoke", "--address", "127.0.0.1:1"],
+         "cannot join the Ray cluster at --address 127.0.0.1:1: nothing answers"),
+        (["ltd_bound", "--smoke", "--set", "image.encoder=vsrn", "data.features=pixels"],
+         "image.encoder=vsrn reads regions, not data.features=pixels"),
         (["ltd_bound", "--smoke", "--set", "decoder.target_model=/missing/model"],
          "decoder.target_model=/missing/model: no such file or folder"),
     ],
@@ -52,7 +56,7 @@ def test_user_errors_exit_2_with_one_line(tmp_path: Path, args: list[str], expec
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0]
     assert "Traceback" not in result.stderr
-    assert not (workspace / "ray").exists() and not (workspace / "mlflow.db").exists()
+    assert not workspace.exists()  # nothing written: no data, no lock, no Ray, no MLflow store
 
 
 @pytest.mark.parametrize("kind", ["file", "inside a file"])

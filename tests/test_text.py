@@ -138,3 +138,21 @@ def test_bundled_glove_6b_50d():
     np.testing.assert_array_equal(
         weight[vocab.stoi["circle"]].numpy(), vectors.vectors[vectors.index()["circle"]]
     )
+
+
+def test_a_glove_file_is_checked_cheaply_before_anything_starts(tmp_path):
+    from icr.data.glove import check_glove_file
+    from icr.errors import DataError
+
+    good = tmp_path / "good.txt"
+    good.write_text("the 0.1 0.2\nçà 0.3 0.4\n", encoding="utf-8")
+    check_glove_file(good)
+    check_glove_file(good, head=13)  # a multi-byte character cut at the end of the head is fine
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes("the 0.1 0.2\nçà 0.3 0.4\n".encode("latin-1"))
+    with pytest.raises(DataError, match="latin.txt: not UTF-8 text"):
+        check_glove_file(latin)
+    words = tmp_path / "words.txt"
+    words.write_text("just some words\n")
+    with pytest.raises(DataError, match="words.txt:1: expected a word and numbers"):
+        check_glove_file(words)

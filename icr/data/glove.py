@@ -115,6 +115,27 @@ def _load_text_cached(path: Path, cache_dir: Path | None) -> WordVectors:
     return vectors
 
 
+def check_glove_file(path: Path, head: int = 1 << 20) -> None:
+    """A cheap look at a GloVe file before anything starts: its first MB is UTF-8 text whose first
+    line is a word and numbers. Raises DataError naming the file otherwise."""
+    with open(path, "rb") as f:
+        raw = f.read(head)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        if err.start < len(raw) - 4:  # not merely a character cut at the end of the chunk
+            raise DataError(f"{path}: not UTF-8 text; a GloVe file is UTF-8 text with a word and "
+                            "its numbers per line") from None
+        text = raw[: err.start].decode("utf-8")
+    first = text.split("\n", 1)[0].rstrip().split(" ")
+    try:
+        [float(v) for v in first[1:]]
+    except ValueError:
+        raise DataError(f"{path}:1: expected a word and numbers, e.g. 'the 0.418 0.24968 ...'") from None
+    if len(first) < 2:
+        raise DataError(f"{path}:1: expected a word and numbers, e.g. 'the 0.418 0.24968 ...'")
+
+
 def read_glove_text(path: Path) -> WordVectors:
     """Parse a GloVe text file; the dimension is taken from the first line.
 
@@ -124,7 +145,6 @@ def read_glove_text(path: Path) -> WordVectors:
     words: list[str] = []
     rows: list[list[str]] = []
     dim = None
-    lineno = 0
     try:
         with open(path, encoding="utf-8") as f:
             for lineno, line in enumerate(f, 1):
@@ -136,8 +156,8 @@ def read_glove_text(path: Path) -> WordVectors:
                 words.append(" ".join(parts[:-dim]))
                 rows.append(parts[-dim:])
     except UnicodeDecodeError:
-        raise DataError(f"{path}:{lineno + 1}: not UTF-8 text; a GloVe file is UTF-8 text with a "
-                        "word and its numbers per line") from None
+        raise DataError(f"{path}: not UTF-8 text; a GloVe file is UTF-8 text with a word and its "
+                        "numbers per line") from None
     if not rows:
         raise DataError(f"GloVe file {path} is empty")
     try:

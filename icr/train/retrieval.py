@@ -34,7 +34,7 @@ from torch.optim.swa_utils import AveragedModel, update_bn
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
-from icr.config import ExperimentConfig
+from icr.config import ExperimentConfig, used_keys
 from icr.data.features import cached_backbone_features
 from icr.data.pipeline import PairDataset, PreparedData, collate_pairs, prepare_data
 from icr.data.sampler import build_batch_sampler, steps_per_epoch
@@ -310,6 +310,16 @@ def frozen_cnn(config: ExperimentConfig) -> bool:
             and config.image.random_erasing == 0)
 
 
+def check_retrieval(config: ExperimentConfig) -> None:
+    """The image encoder reads what data.features gives; a GloVe file given is readable."""
+    from icr.data.glove import check_glove_file
+    from icr.models.build import check_inputs
+
+    check_inputs(config)
+    if "text.glove" in used_keys(config) and config.text.glove not in ("glove-6b-50d", "none"):
+        check_glove_file(Path(config.text.glove))
+
+
 def prepare_retrieval(config: ExperimentConfig, workspace: Workspace) -> str:
     """The data of a retrieval run, cached (dataset, vocabulary, targets, relevance)."""
     return prepare_data(config, workspace).fingerprint
@@ -317,7 +327,7 @@ def prepare_retrieval(config: ExperimentConfig, workspace: Workspace) -> str:
 
 @TASKS.register(
     "retrieval", reads=("image.*", "text.*", "model.*", "loss.*", "decoder.*", "objective.*"),
-    prepare=prepare_retrieval,
+    prepare=prepare_retrieval, check=check_retrieval,
 )
 def retrieval(config: ExperimentConfig, workspace: Workspace, device: torch.device) -> RetrievalTask:
     """Image-caption retrieval: the dual encoder of the LTD, metric-learning and VSE papers."""

@@ -64,6 +64,14 @@ def build_task(config: Any, workspace: Any, device: torch.device) -> Task:
     return TASKS.build(config.task.name, config=config, workspace=workspace, device=device)
 
 
+def check(config: Any) -> None:
+    """Cheap checks of a task's configuration and input files (the task registers ``check=``),
+    run on the driver before anything starts; ConfigError / DataError name the culprit."""
+    checker = TASKS.meta(config.task.name).get("check")
+    if checker is not None:
+        checker(config)
+
+
 def prepare(config: Any, workspace: Any) -> str:
     """Prepare (and cache) everything the task's trials will read; a fingerprint of the data.
 
