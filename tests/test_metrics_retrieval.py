@@ -79,6 +79,8 @@ def oracle(sims, caption_image, ks=KS, relevance=None, ext_i2t=None, ext_t2i=Non
         out[f"{prefix}medr"] = float(math.floor(np.median(best)))
         out[f"{prefix}meanr"] = float(np.mean(best))
     out["rsum"] = sum(out[f"{d}_R_at_{k}"] for d in ("i2t", "t2i") for k in ks)
+    for d in ("i2t", "t2i"):
+        out[f"{d}_avg_recall"] = sum(out[f"{d}_R_at_{k}"] for k in ks) / len(ks)
     out["i2t_rprec"] = 100.0 * np.mean([q["rprec"] for q in i2t])
     out["i2t_mAP_at_5"] = 100.0 * np.mean([q["ap5_hits"] for q in i2t])
     out["i2t_mAPnorm_at_5"] = 100.0 * np.mean([q["ap5"] for q in i2t])
