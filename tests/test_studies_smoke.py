@@ -28,7 +28,7 @@ def test_smoke_runs_the_whole_pipeline(tmp_path: Path) -> None:
     assert "Ray dashboard: http://127.0.0.1:" in out and "get-auth-token" in out
     assert "MLflow UI:" in out and "search lagrangian" in out and "confirm:" in out
     report = tmp_path / "reports" / "ltd_bound-smoke"
-    table = (report / "table.md").read_text()
+    table = (report / "table1.md").read_text()
     for label in ("BL, L_con", "BL + LTD, L_dual (beta=1)", "BL + LTD, L_lag (eta="):
         assert label in table
     trials = pd.read_csv(report / "trials.csv")
