@@ -15,6 +15,7 @@ the fixed values of the space file, the condition's overrides, the ``--smoke`` o
 from __future__ import annotations
 
 import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -171,8 +172,18 @@ def check_workspace(root: Path, flag: str = "--workspace") -> None:
     if root.exists() and not root.is_dir():
         raise UserError(f"{flag} {root} is a file, not a folder; give a folder")
     existing = next(p for p in (root, *root.parents) if p.exists())
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+    if not existing.is_dir() or not _can_create_in(existing):
         raise UserError(f"{flag} {root}: cannot write in {existing}; give a folder you can write")
+
+
+def _can_create_in(folder: Path) -> bool:
+    """Whether a folder can be made in ``folder``: tried, not inferred from permission bits (which
+    say yes to root everywhere, also on read-only and virtual file systems such as /proc)."""
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".icr-write-check-", dir=folder))
+    except OSError:
+        return False
+    return True
 
 
 def check_tracking_uri(uri: str) -> str:

@@ -71,6 +71,16 @@ def test_a_workspace_that_cannot_be_a_folder_exits_2(tmp_path: Path, kind: str) 
     assert file.read_text() == "x"
 
 
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_an_unwritable_workspace_exits_2_also_for_root() -> None:
+    # /proc refuses new folders even to root, for whom the permission bits always say yes.
+    result = run_cli("ltd_bound", "--smoke", "--workspace", "/proc/icr-studies-ws")
+    assert result.returncode == 2, result.stderr[-2000:]
+    line = result.stderr.strip().splitlines()[-1]
+    assert line == "error: --workspace /proc/icr-studies-ws: cannot write in /proc; give a folder you can write"
+    assert "Traceback" not in result.stderr
+
+
 def test_report_of_a_study_never_run_exits_2(tmp_path: Path) -> None:
     result = run_cli("ltd_bound", "--workspace", str(tmp_path), module="studies.report")
     assert result.returncode == 2
