@@ -32,7 +32,7 @@ from studies.session import (
     read_state,
     write_state,
 )
-from studies.tracking import Tracker, git_commit
+from studies.tracking import Tracker, git_commit, run_name
 from studies.tuning import confirm, search
 
 log = logging.getLogger(__name__)
@@ -196,7 +196,8 @@ def run_phases(session: Session, say: Callable[[str], None]) -> Path:
             if winner is None:
                 say(f"  no trial of {condition.name} ran the full budget: not confirmed")
                 continue
-            say(f"  winner {winner.trial_id}: {plan.study.metric}={winner.score:.2f} {winner.sampled}")
+            say(f"  winner {winner.trial_id}: {plan.study.metric}={winner.score:.2f} "
+                f"({run_name(condition.name, winner.sampled)})")
             winners[condition.name] = winner.to_json()
         session.save_state(phase="confirm", winners=winners)
     if session.state["phase"] == "confirm":
