@@ -79,12 +79,20 @@ def add_ensemble(runs: RunSet, tracker: Tracker, parent_id: str, workspace: Work
 
 
 def failure_notes(study: Study, runs: RunSet) -> list[str]:
-    """One line per condition with no finished confirmation run: why (the runs' error lines)."""
+    """One line per condition whose confirmation runs did not all finish: which failed and why
+    (the runs' error lines), so a short ``n`` or a row of dashes is never left unexplained."""
     notes = []
     for condition in study.conditions:
-        if not runs.where(phase="confirm", status="FINISHED", condition=condition.name).empty:
-            continue
+        finished = runs.where(phase="confirm", status="FINISHED", condition=condition.name)
         attempted = runs.where(phase="confirm", condition=condition.name)
+        if not finished.empty:
+            failed = attempted[attempted["status"] != "FINISHED"]
+            if not failed.empty:
+                seeds = ", ".join(str(s) for s in sorted(failed.get("seed", [])))
+                errors = sorted({e for e in failed.get("error", []) if e}) or ["no error recorded"]
+                notes.append(f"- {condition.label}: {len(failed)} of {len(attempted)} confirmation "
+                             f"runs did not finish (seed {seeds}): {'; '.join(errors[:3])}")
+            continue
         searched = runs.where(phase="search", condition=condition.name)
         errors = sorted({e for e in pd.concat([attempted, searched]).get("error", []) if e})
         if errors:

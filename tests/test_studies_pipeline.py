@@ -137,6 +137,7 @@ def test_fake_study_end_to_end(cluster, tmp_path: Path) -> None:
     report = workspace / "reports" / "fake"
     table = (report / "table1.md").read_text()
     assert "BL + LTD, L_lag (eta=" in table and "±" in table and "Welch" in table
+    assert "1 of 3 confirmation runs did not finish (seed 1001): TrainingError: non-finite loss" in table
     assert "\\begin{tabular}" in (report / "table1.tex").read_text()
     trials = pd.read_csv(report / "trials.csv")
     assert len(trials) == len(runs) and "objective.eta" in trials and "val_rsum" in trials

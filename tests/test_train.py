@@ -134,6 +134,20 @@ def test_resume_with_another_config_is_refused(workspace, tmp_path):
         fit(tiny(loss__tau=0.1), resume_from=saved, workspace=workspace, run_dir=tmp_path / "b")
 
 
+def test_resume_from_another_code_version_is_refused_in_one_line(workspace, tmp_path):
+    # The same config, other module names: what a checkpoint written before a refactor holds.
+    config = tiny(train__finetune_epochs=0, eval__test=False)
+    saved = tmp_path / "ckpt"
+    fit(config, lambda r: shutil.copytree(r.checkpoint, saved), workspace=workspace,
+        run_dir=tmp_path / "a")
+    found, state, best = load_checkpoint(saved)
+    state["task"]["net"]["encoder.image_encoder.norm.weight"] = torch.ones(3)
+    save_checkpoint(saved, state, best)
+    with pytest.raises(ConfigError, match=r"does not fit this version of the model "
+                                          r"\(keys encoder\.image_encoder\.norm\.weight\)"):
+        fit(config, resume_from=saved, workspace=workspace, run_dir=tmp_path / "b")
+
+
 def test_non_finite_loss_stops_the_trial(workspace, tmp_path, monkeypatch):
     import icr.train.retrieval
 

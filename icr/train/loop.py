@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import tempfile
 import time
 from collections.abc import Callable
@@ -133,7 +134,13 @@ def _resume(
     if saved["config"] != to_flat(config):
         diff = sorted(k for k, v in to_flat(config).items() if saved["config"].get(k) != v)
         raise ConfigError(f"{found} was written with another config (differs in {', '.join(diff)})")
-    task.load_state_dict(saved["task"])
+    try:
+        task.load_state_dict(saved["task"])
+    except RuntimeError as exc:  # the same config, other modules: written by another code version
+        keys = re.findall(r'"([^"]+)"', str(exc))
+        shown = ", ".join(keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
+        raise ConfigError(f"{found} does not fit this version of the model (keys {shown}); it was "
+                          "written by another version of the code: start the study afresh") from None
     set_rng_state(saved["rng"])
     return LoopState(**saved["loop"]), best
 
