@@ -34,3 +34,17 @@ def test_eval_speed_small(capsys, monkeypatch):
     out = capsys.readouterr().out
     for needle in ("(a) floor", "(b) full", "(c) loop", "full / floor =", "loop / full  =", "rsum="):
         assert needle in out
+
+
+def test_batch_false_negatives_tiny(capsys, tmp_path):
+    """The false-negative count end to end on the tiny preset; a caption is true of its own image."""
+    from icr.data.synthetic import ensure_benchmark, holds
+    from icr.grounding.quality import load_shapes_truth
+
+    load("batch_false_negatives").main(["--workspace", str(tmp_path), "--preset", "tiny",
+                                        "--batch", "8", "--batches", "2"])
+    out = capsys.readouterr().out
+    share = float(out.split("true of at least one other image of their batch: ")[1].split()[0])
+    assert 0.0 <= share <= 1.0 and "median" in out
+    truth = load_shapes_truth(ensure_benchmark(tmp_path / "data" / "shapes-tiny-0", "tiny", 0), "train")
+    assert all(holds(t.meaning, t.scene) for t in truth)
