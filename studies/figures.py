@@ -10,6 +10,7 @@ metric against a searched key, and a per-step series per condition (AdOpt's K, C
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -161,7 +162,7 @@ def render(figure: Figure, runs: RunSet, path: Any) -> bool:
             return False
         if figure.log_y:
             ax.set_yscale("log")
-        ax.set_title(figure.title, fontsize=10)
+        ax.set_title(textwrap.fill(figure.title, 70), fontsize=10)  # long titles wrap, not clip
         fig.tight_layout()
         fig.savefig(path, dpi=120)
         return True
