@@ -69,7 +69,7 @@ STUDY = Study(
         Figure("l_lang_per_step", "L_lang during training (confirmation runs)",
                series_per_condition("L_lang", ylabel="L_lang")),
     ),
-    analyses=("negative_quality", "grounding_examples"),
+    analyses=("negative_quality", "tagger_accuracy", "grounding_examples"),
     smoke={"data.preset": "tiny", "train.finetune_epochs": 2, "train.batch_size": 16,
            "train.trajectory_every": 1, "grounding.mlm_candidates": 10},
     smoke_budget=1,

@@ -134,7 +134,7 @@ def test_fit_trains_the_grounding_task_from_a_config(tmp_path, data):
         "optim.lr": 3e-3, "optim.grad_clip": 0.0, "train.batch_size": 10,
         "train.warmup_epochs": 2, "train.finetune_epochs": 0, "train.max_steps_per_epoch": 2,
         "train.device": "cpu", "train.trajectory_every": 1,
-        "eval.analyses": "negative_quality,grounding_examples",
+        "eval.analyses": "negative_quality,tagger_accuracy,grounding_examples",
     })
     assert "grounding.key_dim" in used_keys(config) and "loss.tau" not in used_keys(config)
     reports = []
@@ -154,3 +154,9 @@ def test_fit_trains_the_grounding_task_from_a_config(tmp_path, data):
     assert sum(shares) == pytest.approx(1.0) and final.metrics["negatives/substitutes"] > 0
     drawn = [a for a in final.artifacts if a.endswith(".png")]
     assert drawn and all((final.checkpoint / a).is_file() for a in drawn)
+    # The tagger against the grammar's gold tags, on the training captions (as tagger_accuracy).
+    from icr.grounding.words import tagger_accuracy
+
+    want = tagger_accuracy(data.splits["train"].captions)
+    assert final.metrics["tagger/content_accuracy"] == pytest.approx(want["content_accuracy"])
+    assert 0.8 < final.metrics["tagger/noun_adjective_accuracy"] <= 1.0

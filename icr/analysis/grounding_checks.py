@@ -5,6 +5,10 @@
   image, a false negative still true (a synonym, or an object or attribute the scene also has),
   unknown when the judge cannot read the substitute. Something no peer with real data can measure:
   ``negatives/{true_negative,false_negative,unknown}`` (fractions) and ``negatives/substitutes``.
+- ``tagger_accuracy``: the part-of-speech tagger that picks a caption's nouns and adjectives,
+  against the grammar's gold tags of the training captions (:func:`icr.grounding.words.tagger_accuracy`):
+  ``tagger/content_accuracy`` (content vs function word), ``tagger/noun_adjective_accuracy``,
+  ``tagger/content_precision``, ``tagger/content_recall``.
 - ``grounding_examples``: a few test images drawn with each phrase's top-scoring region (red) and
   its ground-truth boxes (green), as ``examples/<image>.png``.
 """
@@ -46,6 +50,22 @@ def negative_quality(*, task: Any) -> Callable[[Path], dict[str, float]]:
             return {}
         verdicts = judge(load_shapes_truth(task.source.root, "train"), {"run": negatives})
         return {f"negatives/{k.removeprefix('run_')}": v for k, v in verdicts.items()}
+
+    return run
+
+
+@ANALYSES.register("tagger_accuracy")
+def tagger_accuracy(*, task: Any) -> Callable[[Path], dict[str, float]]:
+    """How well the tagger finds the words the model grounds, against the benchmark's gold tags."""
+    _grounding(task, "tagger_accuracy")
+    if task.source.ground_truth is None:
+        raise ConfigError("eval.analyses=tagger_accuracy needs the embedded benchmark's gold tags "
+                          "(scenes.json); use data.dataset=shapes or drop the analysis")
+    from icr.grounding.words import tagger_accuracy as measure
+
+    def run(out: Path) -> dict[str, float]:
+        captions = task.data.splits["train"].captions
+        return {f"tagger/{k}": v for k, v in measure(captions).items()}
 
     return run
 
