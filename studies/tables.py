@@ -11,7 +11,9 @@ metric columns) into one :class:`RowSummary` per condition; :func:`to_markdown` 
 - bold: a column's best mean, only when the test separates it from the baseline: a row's best
   mean significantly better than the baseline's; the baseline's own when every other row is
   significantly worse. Bold never marks a gap the seeds do not support; it claims a win over the
-  baseline, not over the runner-up. Columns with ``better=None`` (e.g. lambda) are not compared.
+  baseline, not over the runner-up. Only rows of 2 or more runs compete: a single run (an
+  ensemble row) is shown untested and does not keep the best tested row from its bold.
+  Columns with ``better=None`` (e.g. lambda) are not compared.
 
 References:
     Welch, B. L. (1947). The generalization of "Student's" problem when several different
@@ -208,7 +210,7 @@ def _column_cells(values: list[tuple[float, ...]], column: Column, alpha: float,
             p = welch_p(cell.values, cells[base].values)
             cells[i] = replace(cell, p=p, significant=p is not None and p < alpha)
     sign = 1.0 if column.better == "max" else -1.0
-    filled = [i for i, c in enumerate(cells) if c.n]
+    filled = [i for i, c in enumerate(cells) if c.n >= 2]  # a single run cannot be tested
     top = max((sign * cells[i].mean for i in filled), default=math.nan)
     best = [i for i in filled if sign * cells[i].mean == top]
     if len(best) != 1:  # no column values, or a tie: no winner

@@ -187,6 +187,10 @@ def test_single_run_rows():
     assert "Not tested against bl (fewer than 2 runs), so nothing is bold" in md
     rows = summarize(frame({"bl": BL, "one": [30.0], "far": FAR}), table())
     assert "Not tested: cells with fewer than 2 runs" in to_markdown(rows, table())
+    # A single run with a higher mean (an ensemble row) does not take the bold from the best
+    # tested row.
+    c = cells(summarize(frame({"bl": BL, "far": FAR, "one": [max(FAR) + 100.0]}), table()))
+    assert c["far"].bold and not c["one"].bold
 
 
 # ------------------------------------------------------------------------------ rendering
