@@ -29,18 +29,20 @@ from icr.metrics.grounding import phrase_region_scores
 EXAMPLES = 4  # test images drawn per run
 
 
-def _grounding(task: Any, analysis: str) -> None:
+def _grounding(task: Any, analysis: str, truth: str | None = None) -> None:
+    """``analysis`` runs on a grounding task; with ``truth`` (what it reads of ``scenes.json``),
+    on the embedded benchmark only."""
     if not hasattr(task, "attention"):
         raise ConfigError(f"eval.analyses={analysis} needs a grounding run (task.name=grounding)")
+    if truth is not None and task.source.ground_truth is None:
+        raise ConfigError(f"eval.analyses={analysis} needs the embedded benchmark's {truth} "
+                          "(scenes.json); use data.dataset=shapes or drop the analysis")
 
 
 @ANALYSES.register("negative_quality")
 def negative_quality(*, task: Any) -> Callable[[Path], dict[str, float]]:
     """The share of the run's negative captions that are true / false negatives."""
-    _grounding(task, "negative_quality")
-    if task.source.ground_truth is None:
-        raise ConfigError("eval.analyses=negative_quality needs the embedded benchmark's ground "
-                          "truth (scenes.json); use data.dataset=shapes or drop the analysis")
+    _grounding(task, "negative_quality", truth="ground truth")
     from icr.grounding.quality import load_shapes_truth
     from icr.grounding.quality import negative_quality as judge
 
@@ -57,10 +59,7 @@ def negative_quality(*, task: Any) -> Callable[[Path], dict[str, float]]:
 @ANALYSES.register("tagger_accuracy")
 def tagger_accuracy(*, task: Any) -> Callable[[Path], dict[str, float]]:
     """How well the tagger finds the words the model grounds, against the benchmark's gold tags."""
-    _grounding(task, "tagger_accuracy")
-    if task.source.ground_truth is None:
-        raise ConfigError("eval.analyses=tagger_accuracy needs the embedded benchmark's gold tags "
-                          "(scenes.json); use data.dataset=shapes or drop the analysis")
+    _grounding(task, "tagger_accuracy", truth="gold tags")
     from icr.grounding.words import tagger_accuracy as measure
 
     def run(out: Path) -> dict[str, float]:
