@@ -12,13 +12,15 @@ share the cluster; each run trains the full budget with ``eval.test=true`` and t
 analyses. The seeds (1000, 1001, ...) are never those of the search trials.
 
 An interrupted Tuner is continued with ``Tuner.restore``: finished trials are kept, unfinished ones
-resume from their last checkpoint, and the MLflow callback finds their runs again.
+resume from their last checkpoint, and the MLflow callback finds their runs again. A Tuner
+interrupted before Tune first saved it is started over (:func:`saved_by_tune`).
 """
 
 from __future__ import annotations
 
 import csv
 import logging
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +36,7 @@ from studies.ray_adapter import labelled_trainable
 from studies.samplers import SpreadThenTPESampler
 from studies.session import Interrupted, Session
 from studies.space import ConditionalSpace
-from studies.tracking import MlflowTrialCallback, error_line, run_name
+from studies.tracking import PARENT_TAG, MlflowTrialCallback, error_line, run_name
 from studies.trainable import TrialJob, run_trial
 
 log = logging.getLogger(__name__)
@@ -139,9 +141,12 @@ def run_tuner(
         tune.with_parameters(run_trial, job=job, fit=session.fit), session.resources
     ))
     path = session.experiment_path(name)
+    if tune.Tuner.can_restore(path) and not saved_by_tune(Path(path)):
+        start_over(session, name, Path(path))
     if tune.Tuner.can_restore(path):
         log.info("continuing the Tune experiment %s", path)
-        tuner = tune.Tuner.restore(path, trainable, resume_unfinished=True, resume_errored=False)
+        tuner = tune.Tuner.restore(path, trainable, param_space=param_space,
+                                   resume_unfinished=True, resume_errored=False)
     else:
         callback = MlflowTrialCallback(
             session.tracker, session.parent_id, job,
@@ -174,6 +179,32 @@ def run_tuner(
         records.append(TrialRecord(str(trial_id), result.config["condition"], dict(result.config),
                                    metrics, error))
     return records
+
+
+def saved_by_tune(path: Path) -> bool:
+    """Whether Tune saved experiment ``path`` (its trials and its search algorithm) at least once.
+
+    ``Tuner.can_restore`` asks only for ``tuner.pkl``, which the Tuner writes when it is built,
+    before ``fit`` saves anything, and which holds no ``param_space``. A driver killed in that
+    window leaves an experiment that "restores" as a new one without the param_space: trials
+    without their ``condition``. Tune writes the trials' state first and the search algorithm's
+    next (``search_gen_state-*`` for a searcher, ``basic-variant-state-*`` for a grid).
+    """
+    searcher = any(path.glob("search_gen_state-*.json")) or any(path.glob("basic-variant-state-*.json"))
+    return any(path.glob("experiment_state-*.json")) and searcher
+
+
+def start_over(session: Session, name: str, path: Path) -> None:
+    """Discard a Tune experiment that Tune never saved: its folder, and the MLflow runs its
+    trials opened before the driver died (Tune does not know them, so they would never finish
+    and the new trials would duplicate them)."""
+    lost = session.tracker.find_runs(
+        f"tags.`{PARENT_TAG}` = '{session.parent_id}' and tags.tune_experiment = '{name}'")
+    log.info("the Tune experiment %s was never saved; starting it over (%d run(s) discarded)",
+             path, len(lost))
+    for run in lost:
+        session.tracker.client.delete_run(run.info.run_id)
+    shutil.rmtree(path)
 
 
 def search(session: Session, condition: str) -> list[TrialRecord]:

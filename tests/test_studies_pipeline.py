@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -230,3 +231,39 @@ def test_resume_after_the_driver_is_killed(cluster, tmp_path: Path) -> None:
     state = json.loads(next((workspace / "ray" / "fake").iterdir()).joinpath("state.json").read_text())
     assert state["phase"] == "done"
     assert (workspace / "reports" / "fake" / "table1.md").is_file()
+
+
+def test_a_tune_experiment_killed_before_its_first_save_starts_over(cluster, tmp_path: Path) -> None:
+    """The Tuner writes tuner.pkl (no param_space in it) when it is built, and Tune saves the
+    trials and the searcher only once ``fit`` runs: a driver killed in between left an
+    experiment that Tune would restore as a new one whose trials have no ``condition``."""
+    workspace = tmp_path / "ws"
+    args = ["fake", "--workspace", str(workspace), "--seeds", "1"]
+
+    def run(*extra: str) -> int:
+        return main([*args, *extra], backend=Backend(FakeFit(epoch_seconds=0.05), fake_prepare),
+                    extra_studies={"fake": fake_study(tmp_path, budget=3, conditions=("lagrangian",))})
+
+    assert run() == 0
+    # Back to the moment the confirmation Tuner was built: its folder holds tuner.pkl only, the
+    # study is in its confirm phase, and the run its trial had opened is still RUNNING.
+    run_dir = next((workspace / "ray" / "fake").iterdir())
+    confirm = run_dir / "confirm"
+    for path in confirm.iterdir():
+        if path.name != "tuner.pkl":
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    state = json.loads((run_dir / "state.json").read_text())
+    (run_dir / "state.json").write_text(json.dumps({**state, "phase": "confirm"}))
+    client = MlflowClient(f"sqlite:///{workspace / 'mlflow.db'}")
+    lost = child_runs(workspace).query("phase == 'confirm'")["run_id"].tolist()
+    assert len(lost) == 1
+    client.update_run(lost[0], status="RUNNING")
+
+    assert run("--resume") == 0
+    runs = child_runs(workspace)
+    confirmed = runs[runs["phase"] == "confirm"]
+    assert len(confirmed) == 1 and lost[0] not in set(confirmed["run_id"])
+    assert confirmed.iloc[0]["condition"] == "lagrangian" and confirmed.iloc[0]["status"] == "FINISHED"
+    assert client.get_run(lost[0]).info.lifecycle_stage == "deleted"
+    assert len(runs[runs["phase"] == "search"]) == 3  # the search was not touched
+    assert json.loads((run_dir / "state.json").read_text())["phase"] == "done"
