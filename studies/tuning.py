@@ -108,6 +108,32 @@ class PrunedAwareOptunaSearch(OptunaSearch):
             writer.writerows(rows)
 
 
+class RetriedSyncFilter(logging.Filter):
+    """Drops Ray's traceback for a background state copy that met a file being rewritten.
+
+    Ray copies Tune's staging folder to the storage in the background while Tune keeps saving its
+    state there, each file an atomic write through a ``tmp-`` file. A copy that lists such a file
+    before its rename fails with FileNotFoundError; Ray logs a warning with the traceback, and the
+    next save copies the folder again (the last copy, at the end of ``fit``, is waited for). That
+    one case is logged at debug level; every other message of Ray's syncer passes.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if (message.startswith("Last sync command failed") and "FileNotFoundError" in message
+                and "tmp-" in message):
+            log.debug("Tune's background copy met a state file being rewritten; it copies again")
+            return False
+        return True
+
+
+def quiet_retried_syncs() -> None:
+    """Install :class:`RetriedSyncFilter` on Ray's syncer logger (once)."""
+    syncer = logging.getLogger("ray.train._internal.syncer")
+    if not any(isinstance(f, RetriedSyncFilter) for f in syncer.filters):
+        syncer.addFilter(RetriedSyncFilter())
+
+
 class ProgressCallback(tune.Callback):
     """One line per finished trial (Tune's own tables are behind ``--verbose``)."""
 
@@ -166,6 +192,7 @@ def run_tuner(
         )
         tuner = tune.Tuner(trainable, param_space=param_space, tune_config=tune_config,
                            run_config=run_config)
+    quiet_retried_syncs()
     grid = tuner.fit()
     if len(grid) < expected or grid.num_terminated + grid.num_errors < len(grid):
         # Tune returns normally after Ctrl-C, with its state saved: stop here, resumable.
