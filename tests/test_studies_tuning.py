@@ -22,12 +22,19 @@ def failed_copy(error: Exception) -> list[logging.LogRecord]:
     handler = logging.Handler()
     handler.emit = records.append  # type: ignore[method-assign]
     logger = logging.getLogger("ray.train._internal.syncer")
+    # Whatever earlier tests did to logging (levels, loggers disabled by a dictConfig), this
+    # logger emits here, so a missing record can only be the filter's doing.
+    level, disabled = logger.level, logger.disabled
+    logger.setLevel(logging.DEBUG)
+    logger.disabled = False
     logger.addHandler(handler)
     try:
         syncer._launch_sync_process((lambda: None, {}))
         syncer.wait()
     finally:
         logger.removeHandler(handler)
+        logger.setLevel(level)
+        logger.disabled = disabled
     return [r for r in records if r.levelno >= logging.WARNING]
 
 
