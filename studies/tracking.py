@@ -257,6 +257,20 @@ def error_line(error: BaseException | str | None) -> str:
     return text[:MAX_PARAM_CHARS]
 
 
+def trial_error(trial: Any) -> str | None:
+    """The text of a failed trial's errors, read where Tune wrote it.
+
+    Tune writes a trial's error file into the driver's staging folder (``trial.error_file``) and
+    copies it to the storage in the background; ``Trial.get_error`` reads the storage copy, which
+    a callback called right after the failure may not find yet (seen under load: the run's tag
+    said the trial had failed without an error while the next callback read the cause).
+    """
+    path = getattr(trial, "error_file", None)
+    if path and Path(path).is_file():
+        return Path(path).read_text()
+    return trial.get_error()
+
+
 def run_name(condition: str, sampled: Mapping[str, Any]) -> str:
     """``lagrangian eta=0.112`` / ``dual seed=1001``: the condition and what the trial chose."""
     values = " ".join(f"{k.split('.')[-1]}={v:.3g}" if isinstance(v, float)
@@ -334,6 +348,6 @@ class MlflowTrialCallback(Callback):
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         run_id = self.run_id(trial)
         epochs = int((trial.last_result or {}).get("epoch", 0))
-        self.tracker.set_tags(run_id, {"error": error_line(trial.get_error()), "epochs": epochs,
+        self.tracker.set_tags(run_id, {"error": error_line(trial_error(trial)), "epochs": epochs,
                                        "budget_complete": "false", "stopped_early": "false"})
         self.tracker.finish(run_id, "FAILED")

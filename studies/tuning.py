@@ -36,7 +36,7 @@ from studies.ray_adapter import labelled_trainable
 from studies.samplers import SpreadThenTPESampler
 from studies.session import Interrupted, Session
 from studies.space import ConditionalSpace
-from studies.tracking import PARENT_TAG, MlflowTrialCallback, error_line, run_name
+from studies.tracking import PARENT_TAG, MlflowTrialCallback, error_line, run_name, trial_error
 from studies.trainable import TrialJob, run_trial
 
 log = logging.getLogger(__name__)
@@ -149,7 +149,7 @@ class ProgressCallback(tune.Callback):
               f"{result.get(self.metric, float('nan')):.2f} ({ended})", flush=True)
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        print(f"  {_name(trial)}: FAILED: {error_line(trial.get_error())}", flush=True)
+        print(f"  {_name(trial)}: FAILED: {error_line(trial_error(trial))}", flush=True)
 
 
 def _name(trial: Any) -> str:

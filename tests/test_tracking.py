@@ -77,3 +77,25 @@ def test_error_line_and_run_name():
     assert error_line(None).startswith("the trial failed without an error")
     assert run_name("lagrangian", {"objective.eta": 0.11234, "train.seed": 1000}) == \
         "lagrangian eta=0.112 seed=1000"
+
+
+def test_a_failed_trial_s_error_is_read_before_tune_copies_it_to_the_storage(tmp_path, monkeypatch) -> None:
+    """Tune writes the error into the driver's staging folder and copies it to the storage later;
+    the callbacks run in between and must still name the cause."""
+    from ray.train._internal import storage as ray_storage
+    from ray.train._internal.storage import StorageContext
+
+    # The staging folder lives in the Ray session's folder; no Ray instance is needed for it here.
+    monkeypatch.setattr(ray_storage, "_get_ray_train_session_dir", lambda: str(tmp_path / "session"))
+    from ray.tune.experiment import Trial
+
+    from icr.errors import TrainingError
+    from studies.tracking import trial_error
+
+    storage = StorageContext(storage_path=str(tmp_path / "storage"), experiment_dir_name="exp",
+                             trial_dir_name="trial_0")
+    trial = Trial("trainable", stub=True, storage=storage)
+    trial.init_local_path()
+    trial.handle_error(TrainingError("non-finite loss at epoch 2"))
+    assert trial.get_error() is None  # not copied to the storage yet
+    assert error_line(trial_error(trial)).endswith("non-finite loss at epoch 2")
