@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_cli(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+def run_cli(*args: str, timeout: int = 1200) -> subprocess.CompletedProcess:
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "MLFLOW_DISABLE_TELEMETRY": "true"}
     return subprocess.run([sys.executable, "-m", "studies.run", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
