@@ -17,10 +17,17 @@ import argparse
 import sys
 from collections.abc import Mapping, Sequence
 
-from icr.config import key_specs, parse_overrides
-from icr.errors import UserError
-from studies.catalog import Study, all_studies, get_study
-from studies.plan import Options, StudyPlan
+try:
+    from icr.config import key_specs, parse_overrides
+    from icr.errors import UserError
+    from studies.catalog import Study, all_studies, get_study
+    from studies.plan import Options, StudyPlan
+except ModuleNotFoundError as missing:  # the project's dependencies are not in this interpreter
+    if (missing.name or "").split(".")[0] in ("icr", "studies"):
+        raise  # one of our own modules: a bug, not the user's setup
+    print(f"error: {missing.name} is not installed for {sys.executable}; run `make install` and use "
+          ".venv/bin/python -m studies.run (see README)", file=sys.stderr)
+    sys.exit(2)
 
 
 class _Parser(argparse.ArgumentParser):

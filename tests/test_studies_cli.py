@@ -95,3 +95,15 @@ def test_list_and_keys() -> None:
         assert name in listed.stdout
     keys = run_cli("--keys")
     assert keys.returncode == 0 and "objective.eta" in keys.stdout and "loss.tau" in keys.stdout
+
+
+def test_an_interpreter_without_the_dependencies_gets_one_line_naming_make_install() -> None:
+    # As with the system python instead of .venv/bin/python: pandas cannot be imported there.
+    blocked = ("import runpy, sys; sys.modules['pandas'] = None; sys.argv = ['run', '--list']; "
+               "runpy.run_module('studies.run', run_name='__main__')")
+    result = subprocess.run([sys.executable, "-c", blocked], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines() == [
+        f"error: pandas is not installed for {sys.executable}; run `make install` and use "
+        ".venv/bin/python -m studies.run (see README)"]
