@@ -55,6 +55,7 @@ LOOPBACK = "127.0.0.1"
 TEMP_PREFIX = "icr-ray-"
 JOIN_TIMEOUT_S = 5.0  # how long a cluster given with --address may take to answer
 START_TIMEOUT_S = 180.0  # `ray start` takes 10-25 s on 2 busy cores
+START_ATTEMPTS = 2  # a head whose `ray start` exited early is started once more
 # Ray's Unix sockets live in <temp>/session_<date>_<pid>/sockets/plasma_store and must fit the
 # 107-byte limit of socket paths: the temp folder gets at most 44 characters.
 MAX_TEMP_DIR = 44
@@ -326,8 +327,25 @@ def start_head(
 
     Token authentication is on (as ``ray.init`` does it) unless RAY_AUTH_MODE says otherwise.
     ``system_config``: Ray system settings (``--system-config``), e.g. faster health checks.
+    A ``ray start`` that exits before the instance runs is tried once more, in a new temp folder:
+    on a heavily loaded machine its dashboard can answer too late for it (seen in CI).
     """
     _use_token_auth()
+    for attempt in range(1, START_ATTEMPTS + 1):
+        try:
+            return _start_head_once(num_cpus, num_gpus, dashboard, resources, system_config,
+                                    timeout)
+        except _ExitedEarly as failure:
+            if attempt == START_ATTEMPTS:
+                raise
+            log.warning("%s; starting it again", failure)
+            _remove_temp_dir(failure.temp_dir)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _start_head_once(num_cpus: int | None, num_gpus: int | None, dashboard: bool,
+                     resources: Mapping[str, float] | None,
+                     system_config: Mapping[str, Any] | None, timeout: float) -> LocalInstance:
     temp_dir = _new_temp_dir()
     marker = uuid.uuid4().hex
     # Ray has no "pick a free port" for these three (the two metrics ports come from the
@@ -350,7 +368,8 @@ def start_head(
     def started() -> str | None:
         return address_file.read_text().strip() if address_file.is_file() else None
 
-    address = _wait_started(launcher, temp_dir, started, timeout, "the private Ray instance")
+    address = _wait_started(launcher, temp_dir, marker, started, timeout,
+                            "the private Ray instance")
     return LocalInstance(launcher, temp_dir, marker, address, ports)
 
 
@@ -376,7 +395,7 @@ def start_node(
     def started() -> str | None:
         return address if "Ray runtime started" in log_file.read_text(errors="replace") else None
 
-    _wait_started(launcher, temp_dir, started, timeout, f"a Ray node joining {address}")
+    _wait_started(launcher, temp_dir, marker, started, timeout, f"a Ray node joining {address}")
     return LocalInstance(launcher, temp_dir, marker, address)
 
 
@@ -434,25 +453,37 @@ def _launch(cmd: list[str], env: dict[str, str], temp_dir: Path) -> subprocess.P
                                 preexec_fn=processes.die_with_parent)
 
 
-def _wait_started(launcher: subprocess.Popen, temp_dir: Path, started: Callable[[], str | None],
-                  timeout: float, what: str) -> str:
+def _wait_started(launcher: subprocess.Popen, temp_dir: Path, marker: str,
+                  started: Callable[[], str | None], timeout: float, what: str) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = started()
         if value:
             return value
         if launcher.poll() is not None:
-            raise UserError(f"{what} did not start (`ray start` exited with {launcher.returncode}): "
-                            f"{_last_line(temp_dir / 'ray-start.log')}; see {temp_dir}")
+            processes.stop_family(marker, temp_dir)  # what it started before it gave up
+            raise _ExitedEarly(
+                f"{what} did not start (`ray start` exited with {launcher.returncode}): "
+                f"{_telling_line(temp_dir / 'ray-start.log')}; see {temp_dir}", temp_dir)
         time.sleep(0.2)
     launcher.terminate()
     launcher.wait()
     raise UserError(f"{what} did not start within {timeout:.0f} s; see {temp_dir / 'ray-start.log'}")
 
 
-def _last_line(path: Path) -> str:
-    lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
-    return lines[-1].strip() if lines else "no output"
+class _ExitedEarly(UserError):
+    """``ray start`` exited before the instance ran; ``temp_dir`` holds its logs."""
+
+    def __init__(self, message: str, temp_dir: Path) -> None:
+        super().__init__(message)
+        self.temp_dir = temp_dir
+
+
+def _telling_line(path: Path) -> str:
+    """The last line of a log that reports an error or a failure, else its last line."""
+    lines = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    telling = [line for line in lines if any(w in line.lower() for w in ("error", "fail"))]
+    return (telling or lines or ["no output"])[-1]
 
 
 def stop_instance(instance: LocalInstance, *, keep_logs: bool = False) -> list[int]:

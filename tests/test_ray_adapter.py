@@ -135,6 +135,54 @@ def test_a_recorded_instance_stops_exactly_its_own_processes(tmp_path: Path) -> 
             proc.wait()
 
 
+# --- a `ray start` that gives up ----------------------------------------------------------------
+
+# Stand-ins for `ray start --head --block`: one gives up as Ray does when its dashboard answers too
+# late on a loaded machine; the other "runs" (writes the address file Ray writes, then blocks).
+GIVES_UP = ("import sys; print('Starting Ray...'); "
+            "print('ERROR: Failed to start the dashboard, return code 1'); "
+            "print('Use `ray start --help` for more'); sys.exit(1)")
+RUNS = ("import pathlib, signal, sys; "
+        "pathlib.Path(sys.argv[1], 'ray_current_cluster').write_text('127.0.0.1:6399'); "
+        "signal.pause()")
+
+
+def fake_ray_start(monkeypatch, scripts: list[str]) -> list[Path]:
+    """Replace the launcher's command by the scripts, one per start; returns the temp folders."""
+    launch, folders = ray_adapter._launch, []
+
+    def launch_script(cmd: list[str], env: dict[str, str], temp_dir: Path) -> subprocess.Popen:
+        folders.append(temp_dir)
+        return launch([sys.executable, "-c", scripts[len(folders) - 1], str(temp_dir)], env, temp_dir)
+
+    monkeypatch.setattr(ray_adapter, "_launch", launch_script)
+    return folders
+
+
+@pytest.mark.timeout(60)
+def test_a_head_whose_ray_start_gave_up_is_started_once_more(monkeypatch) -> None:
+    folders = fake_ray_start(monkeypatch, [GIVES_UP, RUNS])
+    instance = ray_adapter.start_head(num_cpus=1, dashboard=False)
+    try:
+        assert instance.address == "127.0.0.1:6399" and instance.temp_dir == folders[1]
+        assert not folders[0].exists()  # the failed attempt's folder is gone
+    finally:
+        ray_adapter.stop_instance(instance)
+    assert not processes.family(instance.marker, instance.temp_dir)
+
+
+@pytest.mark.timeout(60)
+def test_a_head_that_gives_up_twice_fails_with_the_line_that_says_why(monkeypatch) -> None:
+    folders = fake_ray_start(monkeypatch, [GIVES_UP, GIVES_UP])
+    with pytest.raises(UserError) as error:
+        ray_adapter.start_head(num_cpus=1, dashboard=False)
+    assert str(error.value) == (
+        "the private Ray instance did not start (`ray start` exited with 1): ERROR: Failed to start "
+        f"the dashboard, return code 1; see {folders[1]}")
+    assert not folders[0].exists() and (folders[1] / "ray-start.log").is_file()
+    ray_adapter._remove_temp_dir(folders[1])
+
+
 # --- storage ----------------------------------------------------------------------------------
 
 MOUNTS = "/dev/sda1 / ext4 rw 0 0\nnfs:/export /mnt/shared nfs4 rw 0 0\n"
