@@ -102,7 +102,8 @@ def run_study(
     if plan.address:
         ray_adapter.reachable_gcs(plan.address)  # fails in seconds, before anything is written
     # Data and caches are shared by every study and written atomically: prepared before the lock.
-    fingerprints = prepare_data(plan, backend, say)
+    with stop_signals_as_ctrl_c():  # a SIGTERM while preparing says "interrupted", exit 130
+        fingerprints = prepare_data(plan, backend, say)
     with DriverLock(plan.workspace.root, plan.key):
         run_dir = choose_run_dir(plan, resume, fresh, say)
         # A driver killed earlier may have left its private Ray instance: stop exactly that one.

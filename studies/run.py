@@ -95,7 +95,7 @@ def main(
     try:
         return _run(build_parser().parse_args(argv), backend, extra_studies)
     except (Interrupted, KeyboardInterrupt) as exc:
-        print(f"interrupted: {exc or 'run the same command again to continue'}", file=sys.stderr)
+        print(f"interrupted: {str(exc) or 'run the same command again to continue'}", file=sys.stderr)
         return 130
     except UserError as exc:
         print(f"error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",

@@ -1,10 +1,13 @@
-"""``python -m studies.run``: user mistakes give one line, exit code 2, and write nothing."""
+"""``python -m studies.run``: user mistakes give one line, exit code 2, and write nothing; a stop
+signal gives one line, exit code 130."""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -107,3 +110,40 @@ def test_an_interpreter_without_the_dependencies_gets_one_line_naming_make_insta
     assert result.stderr.strip().splitlines() == [
         f"error: pandas is not installed for {sys.executable}; run `make install` and use "
         ".venv/bin/python -m studies.run (see README)"]
+
+
+PREPARING = """
+import sys, time
+from pathlib import Path
+from studies.fakes import FakeFit
+from studies.pipeline import Backend
+from studies.run import main
+
+def prepare(config, workspace):
+    Path(sys.argv[1]).touch()
+    while True:  # preparing data until a signal comes
+        time.sleep(0.05)
+
+sys.exit(main(["ltd_bound", "--smoke", "--workspace", sys.argv[2], "--no-dashboard"],
+              backend=Backend(FakeFit(), prepare)))
+"""
+
+
+def test_a_stop_signal_while_data_is_prepared_says_interrupted(tmp_path: Path) -> None:
+    # SIGTERM here; SIGHUP takes the same path (tests/test_ray_adapter.py, stop signals).
+    ready = tmp_path / "preparing"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_USAGE_STATS_ENABLED": "0"}
+    driver = subprocess.Popen([sys.executable, "-c", PREPARING, str(ready), str(tmp_path / "ws")],
+                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+    try:
+        while not ready.exists() and driver.poll() is None:
+            time.sleep(0.05)  # waits for the driver, not for time
+        driver.send_signal(signal.SIGTERM)
+        out, err = driver.communicate(timeout=120)
+    finally:
+        driver.kill()
+    assert "preparing data for" in out
+    assert driver.returncode == 130, err[-2000:]
+    assert err.strip().splitlines()[-1] == "interrupted: run the same command again to continue"
+    assert "Traceback" not in err
