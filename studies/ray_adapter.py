@@ -55,7 +55,7 @@ LOOPBACK = "127.0.0.1"
 TEMP_PREFIX = "icr-ray-"
 JOIN_TIMEOUT_S = 5.0  # how long a cluster given with --address may take to answer
 START_TIMEOUT_S = 180.0  # `ray start` takes 10-25 s on 2 busy cores
-START_ATTEMPTS = 2  # a head whose `ray start` exited early is started once more
+START_ATTEMPTS = 3  # a node whose `ray start` gave up is started again (_retried)
 # Ray's Unix sockets live in <temp>/session_<date>_<pid>/sockets/plasma_store and must fit the
 # 107-byte limit of socket paths: the temp folder gets at most 44 characters.
 MAX_TEMP_DIR = 44
@@ -327,14 +327,22 @@ def start_head(
 
     Token authentication is on (as ``ray.init`` does it) unless RAY_AUTH_MODE says otherwise.
     ``system_config``: Ray system settings (``--system-config``), e.g. faster health checks.
-    A ``ray start`` that exits before the instance runs is tried once more, in a new temp folder:
-    on a heavily loaded machine its dashboard can answer too late for it (seen in CI).
+    A ``ray start`` that gives up is tried again (:func:`_retried`).
     """
     _use_token_auth()
+    return _retried(lambda: _start_head_once(num_cpus, num_gpus, dashboard, resources,
+                                             system_config, timeout))
+
+
+def _retried(start_once: Callable[[], LocalInstance]) -> LocalInstance:
+    """``start_once()``, again (up to START_ATTEMPTS times, each in a new temp folder) while its
+    ``ray start`` exits before the node runs. On a machine starved of CPU a node can need more
+    than the 30 s Ray gives its raylet to register ("The current node timed out during startup",
+    a constant in ``ray._private.node``), or its dashboard can answer too late; both seen in CI.
+    """
     for attempt in range(1, START_ATTEMPTS + 1):
         try:
-            return _start_head_once(num_cpus, num_gpus, dashboard, resources, system_config,
-                                    timeout)
+            return start_once()
         except _ExitedEarly as failure:
             if attempt == START_ATTEMPTS:
                 raise
@@ -383,8 +391,14 @@ def start_node(
 ) -> LocalInstance:
     """Start another node of the cluster at ``address`` on this machine (multi-node tests).
 
-    On a loopback head the node binds 127.0.0.1 too (its address as seen from the head).
+    On a loopback head the node binds 127.0.0.1 too (its address as seen from the head). A
+    ``ray start`` that gives up is tried again (:func:`_retried`).
     """
+    return _retried(lambda: _start_node_once(address, num_cpus, num_gpus, resources, timeout))
+
+
+def _start_node_once(address: str, num_cpus: int | None, num_gpus: int | None,
+                     resources: Mapping[str, float] | None, timeout: float) -> LocalInstance:
     temp_dir = _new_temp_dir()
     marker = uuid.uuid4().hex
     cmd = [sys.executable, "-c", _JOIN_LOOPBACK_SCRIPT, "start", "--address", address,

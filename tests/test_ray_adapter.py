@@ -145,6 +145,7 @@ GIVES_UP = ("import sys; print('Starting Ray...'); "
 RUNS = ("import pathlib, signal, sys; "
         "pathlib.Path(sys.argv[1], 'ray_current_cluster').write_text('127.0.0.1:6399'); "
         "signal.pause()")
+RUNS_AS_A_NODE = ("import signal; print('Ray runtime started.', flush=True); signal.pause()")
 
 
 def fake_ray_start(monkeypatch, scripts: list[str]) -> list[Path]:
@@ -160,7 +161,7 @@ def fake_ray_start(monkeypatch, scripts: list[str]) -> list[Path]:
 
 
 @pytest.mark.timeout(60)
-def test_a_head_whose_ray_start_gave_up_is_started_once_more(monkeypatch) -> None:
+def test_a_head_whose_ray_start_gave_up_is_started_again(monkeypatch) -> None:
     folders = fake_ray_start(monkeypatch, [GIVES_UP, RUNS])
     instance = ray_adapter.start_head(num_cpus=1, dashboard=False)
     try:
@@ -172,15 +173,26 @@ def test_a_head_whose_ray_start_gave_up_is_started_once_more(monkeypatch) -> Non
 
 
 @pytest.mark.timeout(60)
-def test_a_head_that_gives_up_twice_fails_with_the_line_that_says_why(monkeypatch) -> None:
-    folders = fake_ray_start(monkeypatch, [GIVES_UP, GIVES_UP])
+def test_a_head_that_always_gives_up_fails_with_the_line_that_says_why(monkeypatch) -> None:
+    folders = fake_ray_start(monkeypatch, [GIVES_UP] * ray_adapter.START_ATTEMPTS)
     with pytest.raises(UserError) as error:
         ray_adapter.start_head(num_cpus=1, dashboard=False)
     assert str(error.value) == (
         "the private Ray instance did not start (`ray start` exited with 1): ERROR: Failed to start "
-        f"the dashboard, return code 1; see {folders[1]}")
-    assert not folders[0].exists() and (folders[1] / "ray-start.log").is_file()
-    ray_adapter._remove_temp_dir(folders[1])
+        f"the dashboard, return code 1; see {folders[-1]}")
+    assert not any(f.exists() for f in folders[:-1]) and (folders[-1] / "ray-start.log").is_file()
+    ray_adapter._remove_temp_dir(folders[-1])
+
+
+@pytest.mark.timeout(60)
+def test_a_joining_node_whose_ray_start_gave_up_is_started_again(monkeypatch) -> None:
+    folders = fake_ray_start(monkeypatch, [GIVES_UP, GIVES_UP, RUNS_AS_A_NODE])
+    instance = ray_adapter.start_node("127.0.0.1:6399", num_cpus=1)
+    try:
+        assert instance.temp_dir == folders[2] and not folders[0].exists() and not folders[1].exists()
+    finally:
+        ray_adapter.stop_instance(instance)
+    assert not processes.family(instance.marker, instance.temp_dir)
 
 
 # --- storage ----------------------------------------------------------------------------------
