@@ -6,6 +6,10 @@ this machine, so they share its disk). Two trials of four epochs run at once, on
 hold before epoch 3 until the test lets them go. The test kills the worker node's raylet while
 its trial holds (its epoch-2 checkpoint is saved), then lets the trials go: the head's trial
 finishes, the lost trial starts again on the head from epoch 2, not from 0.
+
+Each scenario's driver runs in a child Python (:func:`run_scenario`), not in the test session:
+Ray ends a driver with exit code 1, without a Python exception, when it loses the node it is
+attached to, and in the session's own process that would end every remaining test silently.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -23,14 +28,37 @@ import pytest
 
 from studies import processes, ray_adapter
 
+HERE = Path(__file__).resolve().parent
 EPOCHS, HOLD_AFTER = 4, 2
-# Declare a silent node dead after about 5 s instead of about 15 s: soon enough for a short test,
-# late enough that a live node on a machine starved of CPU is not declared dead by mistake.
+# A killed node's raylet refuses the GCS's health checks at once, so it is declared dead after
+# 10 checks a second apart (about 10 s, instead of Ray's 15-30 s). A live node that answers slowly
+# (each check may take 5 s) is declared dead only after about a minute of silence: a machine
+# starved of CPU must not lose the head node, and with it the driver, by mistake.
 FAST_HEALTH_CHECKS = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 1000,
-                      "health_check_timeout_ms": 1000, "health_check_failure_threshold": 5}
+                      "health_check_timeout_ms": 5000, "health_check_failure_threshold": 10}
 # Hang guards only, not timings: on a virtual machine whose host takes most of its CPU (80 % steal
 # measured), starting and stopping a two-node cluster alone takes about two minutes.
 CLUSTER_TEST_TIMEOUT = 900
+
+
+def run_scenario(name: str, tmp_path: Path) -> None:
+    """Run this module's function ``name(tmp_path)`` in a child Python and fail with its output
+    if it fails (an assertion's traceback, Ray's last words, or a hang)."""
+    code = (f"import sys; from pathlib import Path; sys.path.insert(0, {str(HERE)!r}); "
+            f"import test_cluster_nodes as m; m.{name}(Path({str(tmp_path)!r}))")
+    try:
+        child = subprocess.run([sys.executable, "-c", code], cwd=HERE.parent, capture_output=True,
+                               text=True, timeout=CLUSTER_TEST_TIMEOUT)
+    except subprocess.TimeoutExpired as hung:
+        pytest.fail(f"{name} did not end within {CLUSTER_TEST_TIMEOUT} s:\n"
+                    f"{_tail(hung.stdout)}\n{_tail(hung.stderr)}")
+    assert child.returncode == 0, (f"{name} exited with {child.returncode}:\n"
+                                   f"{_tail(child.stdout)}\n{_tail(child.stderr)}")
+
+
+def _tail(text: str | bytes | None, chars: int = 6000) -> str:
+    text = text.decode(errors="replace") if isinstance(text, bytes) else (text or "")
+    return text[-chars:]
 
 
 def epochs(config: dict) -> None:
@@ -90,8 +118,12 @@ def kill_worker_node_when_its_trial_holds(gate: Path, worker: ray_adapter.LocalI
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(CLUSTER_TEST_TIMEOUT)
+@pytest.mark.timeout(CLUSTER_TEST_TIMEOUT + 60)
 def test_a_trial_on_a_lost_node_resumes_from_its_checkpoint(tmp_path: Path) -> None:
+    run_scenario("lost_node_trial", tmp_path)
+
+
+def lost_node_trial(tmp_path: Path) -> None:
     import ray
     from ray import tune
 
@@ -155,11 +187,15 @@ def _records(folder: Path) -> list[dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(CLUSTER_TEST_TIMEOUT)
+@pytest.mark.timeout(CLUSTER_TEST_TIMEOUT + 60)
 def test_a_study_survives_a_lost_node_without_duplicating_runs(tmp_path: Path) -> None:
     """The whole pipeline on a two-node cluster: a trial's node dies mid-trial; the study
     completes, that trial resumes from its checkpoint on the head, and MLflow has one run per
     trial, each epoch recorded once."""
+    run_scenario("lost_node_study", tmp_path)
+
+
+def lost_node_study(tmp_path: Path) -> None:
     import ray  # before psutil: Ray ships the psutil it uses
     from mlflow.tracking import MlflowClient
 
