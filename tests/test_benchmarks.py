@@ -48,3 +48,17 @@ def test_batch_false_negatives_tiny(capsys, tmp_path):
     assert 0.0 <= share <= 1.0 and "median" in out
     truth = load_shapes_truth(ensure_benchmark(tmp_path / "data" / "shapes-tiny-0", "tiny", 0), "train")
     assert all(holds(t.meaning, t.scene) for t in truth)
+
+
+def test_negative_generators_tiny(capsys, tmp_path):
+    """The negative-quality benchmark end to end on the tiny preset: every setting is a row whose
+    verdict shares add up to 1, and the row of the smallest pool says it does no re-ranking."""
+    load("negative_generators").main(["--workspace", str(tmp_path), "--preset", "tiny",
+                                      "--negatives", "2", "--candidates", "4", "2", "--quiet"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    body = rows[2:]  # below the header and the alignment row
+    assert [r.split(" | ")[0] for r in body] == [
+        "| random", "| context, 4 candidates", "| context, 2 candidates (no re-ranking)"]
+    for row in body:
+        tn, fn, unjudged, same = (float(x) for x in row.strip(" |").split(" | ")[1:5])
+        assert abs(tn + fn + unjudged - 1.0) < 1e-9 and 0.0 <= same <= 1.0
