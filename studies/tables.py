@@ -10,7 +10,8 @@ metric columns) into one :class:`RowSummary` per condition; :func:`to_markdown` 
   comparisons (the legend counts them). A side with fewer than 2 runs is not tested.
 - bold: a column's best mean, only when the test separates it from the baseline: a row's best
   mean significantly better than the baseline's; the baseline's own when every other row is
-  significantly worse. Bold never marks a gap the seeds do not support; it claims a win over the
+  significantly worse. Rows tied for the best mean (a searched condition that picked a fixed
+  condition's config, trained on the same seeds) are each judged so. Bold never marks a gap the seeds do not support; it claims a win over the
   baseline, not over the runner-up. Only rows of 2 or more runs compete: a single run (an
   ensemble row) is shown untested and does not keep the best tested row from its bold.
   Columns with ``better=None`` (e.g. lambda) are not compared.
@@ -212,15 +213,12 @@ def _column_cells(values: list[tuple[float, ...]], column: Column, alpha: float,
     sign = 1.0 if column.better == "max" else -1.0
     filled = [i for i, c in enumerate(cells) if c.n >= 2]  # a single run cannot be tested
     top = max((sign * cells[i].mean for i in filled), default=math.nan)
-    best = [i for i in filled if sign * cells[i].mean == top]
-    if len(best) != 1:  # no column values, or a tie: no winner
-        return cells
-    i = best[0]
-    others = [cells[j] for j in filled if j != i]
-    if i == base:  # the baseline wins only if every other row is significantly worse
-        cells[i] = replace(cells[i], bold=bool(others) and all(c.significant for c in others))
-    else:
-        cells[i] = replace(cells[i], bold=cells[i].significant)
+    for i in (i for i in filled if sign * cells[i].mean == top):  # rows tied for best: each
+        others = [cells[j] for j in filled if j != i]
+        if i == base:  # the baseline wins only if every other row is significantly worse
+            cells[i] = replace(cells[i], bold=bool(others) and all(c.significant for c in others))
+        else:
+            cells[i] = replace(cells[i], bold=cells[i].significant)
     return cells
 
 

@@ -112,13 +112,15 @@ def test_significance_is_two_sided_but_bold_needs_better():
     ({"bl": FAR, "close": [22.5, 21.5, 20.5], "low": BL}, None),  # best overlaps bl
     ({"bl": FAR, "low": BL, "lower": [1.0, 2.0, 3.0]}, "bl"),  # bl best, all others worse
     ({"bl": FAR, "low": BL, "near": [19.5, 20.5, 21.5]}, None),  # bl best, one row overlaps
-    ({"bl": BL, "a": FAR, "b": FAR[::-1]}, None),  # a tie for the best: no winner
+    ({"bl": BL, "a": FAR, "b": FAR[::-1]}, ["a", "b"]),  # tied for the best, both beat bl
+    ({"bl": FAR, "a": FAR, "low": BL}, None),  # bl tied with a row it does not beat
 ])
 def test_bold_rule(runs, bold):
     rows = summarize(frame(runs), table())
-    assert [r.condition for r in rows if r.cells["m"].bold] == ([bold] if bold else [])
+    expected = bold if isinstance(bold, list) else [bold] if bold else []
+    assert [r.condition for r in rows if r.cells["m"].bold] == expected
     md = to_markdown(rows, table())
-    assert md.count("**") == (4 if bold else 2)  # the caption's **T.** and the bold cell
+    assert md.count("**") == 2 + 2 * len(expected)  # the caption's **T.** and each bold cell
 
 
 def test_better_min():
