@@ -11,9 +11,10 @@ metric columns) into one :class:`RowSummary` per condition; :func:`to_markdown` 
 - bold: a column's best mean, only when the test separates it from the baseline: a row's best
   mean significantly better than the baseline's; the baseline's own when every other row is
   significantly worse. Rows tied for the best mean (a searched condition that picked a fixed
-  condition's config, trained on the same seeds) are each judged so. Bold never marks a gap the seeds do not support; it claims a win over the
-  baseline, not over the runner-up. Only rows of 2 or more runs compete: a single run (an
-  ensemble row) is shown untested and does not keep the best tested row from its bold.
+  condition's config, trained on the same seeds) are each judged so. Bold never marks a gap the
+  seeds do not support; it claims a win over the baseline, not over the runner-up. Only rows of
+  2 or more runs compete: a single run (an ensemble row) is shown untested and does not keep the
+  best tested row from its bold.
   Columns with ``better=None`` (e.g. lambda) are not compared.
 
 References:
@@ -213,7 +214,8 @@ def _column_cells(values: list[tuple[float, ...]], column: Column, alpha: float,
     sign = 1.0 if column.better == "max" else -1.0
     filled = [i for i, c in enumerate(cells) if c.n >= 2]  # a single run cannot be tested
     top = max((sign * cells[i].mean for i in filled), default=math.nan)
-    for i in (i for i in filled if sign * cells[i].mean == top):  # rows tied for best: each
+    best = [i for i in filled if sign * cells[i].mean == top]  # more than one: a tie, each judged
+    for i in best:
         others = [cells[j] for j in filled if j != i]
         if i == base:  # the baseline wins only if every other row is significantly worse
             cells[i] = replace(cells[i], bold=bool(others) and all(c.significant for c in others))
