@@ -28,10 +28,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from icr.data.synthetic import ensure_benchmark  # noqa: E402
+from icr.data.synthetic.lexicon import lexicon  # noqa: E402
 from icr.grounding.data import load_shapes_grounding  # noqa: E402
 from icr.grounding.negatives import NegativeCaptions, negative_captions, noun_positions  # noqa: E402
 from icr.grounding.quality import VERDICTS, load_shapes_truth, negative_quality  # noqa: E402
-from icr.grounding.words import shapes_lexicon  # noqa: E402
 from icr.workspace import Workspace  # noqa: E402
 
 # Kinds of word that can stand for each other in a caption of the shapes grammar.
@@ -39,9 +39,9 @@ _NOUN_KINDS = {"shape", "generic"}
 
 
 def same_kind_share(negatives: NegativeCaptions) -> float:
-    """The share of substitutes of the same kind as the word they replace (shapes_lexicon's kinds;
+    """The share of substitutes of the same kind as the word they replace (the lexicon's kinds;
     shape nouns and generic nouns count as one kind; words outside the lexicon never match)."""
-    lex = shapes_lexicon()
+    lex = lexicon()
 
     def kind(word: str) -> str | None:
         found = lex.get(word)

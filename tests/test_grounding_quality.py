@@ -7,6 +7,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from icr.data.synthetic.grammar import BACKGROUND_KEY
+from icr.data.synthetic.lexicon import lexicon
 from icr.data.synthetic.semantics import holds
 from icr.data.synthetic.world import COLOURS, Background, Scene, SceneObject, position_words
 from icr.grounding.quality import (
@@ -16,7 +18,6 @@ from icr.grounding.quality import (
     load_shapes_truth,
     negative_quality,
 )
-from icr.grounding.words import shapes_lexicon
 
 
 def _words(text: str) -> list[str]:
@@ -24,18 +25,18 @@ def _words(text: str) -> list[str]:
 
 
 def _object(shape: str, colour: str, cx: float, cy: float) -> SceneObject:
-    hpos, vpos = position_words(cx, cy, 64)
+    hpos, vpos = position_words(cx, cy, 96)
     return SceneObject(shape, colour, "medium", "solid", cx, cy, 14.0, 0.0, COLOURS[colour],
                        hpos, vpos)
 
 
-RED_SQUARE = _object("square", "red", 10, 10)  # left, top
-BLUE_CIRCLE = _object("circle", "blue", 54, 54)  # right, bottom
-RED_CIRCLE = _object("circle", "red", 32, 32)  # centre, middle
+RED_SQUARE = _object("square", "red", 15, 15)  # left, top
+BLUE_CIRCLE = _object("circle", "blue", 81, 81)  # right, bottom
+RED_CIRCLE = _object("circle", "red", 48, 48)  # centre, middle
 
 
 def _scene(*objects: SceneObject) -> Scene:
-    return Scene(64, Background("dark", (30, 30, 30), 0.0, 0.0, 0.0), tuple(objects))
+    return Scene(96, Background("dark", "blue", (10, 20, 60), 0.0, 0.0, 0.0), tuple(objects))
 
 
 SCENE_A = _scene(RED_SQUARE, BLUE_CIRCLE)
@@ -67,7 +68,10 @@ def _square_and_circle(scene: Scene) -> CaptionTruth:
     ("Square", "false_negative"),  # the same word
     ("circle", "true_negative"),  # no red circle on the left
     ("triangle", "true_negative"),  # absent from the scene
-    ("shape", "false_negative"),  # a hypernym
+    ("shape", "false_negative"),  # a generic noun
+    ("polygon", "false_negative"),  # a hypernym of square
+    ("quadrilateral", "false_negative"),  # another
+    ("symbol", "true_negative"),  # a hypernym of other shapes: no red symbol on the left
     ("dog", "unknown"),  # outside the world
     ("red", "unknown"),  # a colour for a noun
     ("plus sign", "true_negative"),  # a two-word shape noun
@@ -97,11 +101,20 @@ def test_attribute_and_position_words():
     assert judge_substitution(relation, 9, "shape") == "false_negative"
     assert judge_substitution(relation, 9, "square") == "true_negative"
     background = _truth(
-        "A red square on a dark background .",
+        "A red square on a dark blue background .",
         [{"kind": "exists", "desc": {"shape": "square", "colour": "red"}},
-         {"kind": "background", "tone": "dark"}], [(0, 3, 1), (4, 7, 16)], SCENE_A)
+         {"kind": "background", "tone": "dark", "hue": "blue"}], [(0, 3, 1), (4, 8, BACKGROUND_KEY)],
+        SCENE_A)
     assert judge_substitution(background, 5, "light") == "true_negative"
-    assert judge_substitution(background, 6, "circle") == "unknown"  # not an attribute noun
+    assert judge_substitution(background, 6, "green") == "true_negative"  # the hue
+    assert judge_substitution(background, 6, "blue") == "false_negative"
+    assert judge_substitution(background, 7, "backdrop") == "false_negative"  # a synonym
+    assert judge_substitution(background, 7, "circle") == "unknown"  # not an attribute noun
+    polygon = _truth("A red polygon .", [{"kind": "exists", "desc": {"shape": "polygon",
+                                                                     "colour": "red"}}],
+                     [(0, 3, 1)], SCENE_A)
+    assert judge_substitution(polygon, 2, "square") == "false_negative"  # narrowed, still true
+    assert judge_substitution(polygon, 2, "hexagon") == "true_negative"
 
 
 def test_generic_nouns_total_and_count():
@@ -170,7 +183,7 @@ def test_benchmark_truths_align_and_synonyms_are_false_negatives(shapes):
     split = load_shapes_grounding(shapes, "train", select_words=False)
     assert [" ".join(t.tokens) for t in truths] == list(split.captions)
     assert all(holds(t.meaning, t.scene) for t in truths)
-    lex = shapes_lexicon()
+    lex = lexicon()
     synonyms: dict[tuple[str, str], list[str]] = {}
     for word, entry in lex.items():
         synonyms.setdefault(entry, []).append(word)
@@ -178,7 +191,8 @@ def test_benchmark_truths_align_and_synonyms_are_false_negatives(shapes):
     for truth in truths:
         for i, token in enumerate(truth.tokens):
             entry = lex.get(token.lower())
-            if entry is None or entry[0] not in ("shape", "generic", "size", "texture", "tone"):
+            if entry is None or entry[0] not in ("shape", "generic", "colour", "size", "texture",
+                                                 "tone", "background"):
                 continue
             for other in synonyms[entry]:
                 if other != token.lower():

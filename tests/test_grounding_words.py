@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from icr.errors import ConfigError
-from icr.grounding import words as W
 from icr.grounding.words import (
     SelectedWords,
     WordEncoder,
@@ -84,7 +83,10 @@ def test_gold_tags_follow_the_grammar():
         "noun", "other", "other", "other", "adjective", "noun", "other", "noun", "noun", "other",
     ]
     assert gold_tags(_words("a star on the left in the upper part"))[4] == "noun"
-    assert gold_tags(_words("a single dog")) == ["other", "adjective", "unknown"]
+    assert gold_tags(_words("a big dog")) == ["other", "adjective", "unknown"]
+    assert gold_tags(_words("five items , among them a grey polygon on a pale backdrop")) == [
+        "other", "noun", "other", "other", "other", "other", "adjective", "noun", "other", "other",
+        "adjective", "noun"]
 
 
 def test_tagger_accuracy_counts_by_hand():
@@ -98,11 +100,15 @@ def test_tagger_accuracy_counts_by_hand():
     assert acc["noun_adjective_accuracy"] == pytest.approx(1.0)
 
 
-def test_lexicon_maps_synonyms_and_plurals():
-    lex = W.shapes_lexicon()
+def test_lexicon_maps_synonyms_hypernyms_and_plurals():
+    from icr.data.synthetic.lexicon import SHAPE_CONCEPTS, lexicon
+
+    lex = lexicon()
     assert lex["box"] == lex["squares"] == ("shape", "square")
     assert lex["plus sign"] == ("shape", "cross") and lex["sign"][0] == "compound"
-    assert lex["figures"] == ("generic", "figure")
+    assert lex["figures"] == ("generic", "figure") and lex["items"] == ("generic", "item")
+    assert lex["polygons"] == ("shape", "polygon") and "hexagon" in SHAPE_CONCEPTS["polygon"]
+    assert lex["gray"] == lex["grey"] == ("colour", "grey") and lex["backdrop"][0] == "background"
     assert lex["big"] == ("size", "large") and lex["stripes"] == ("texture", "striped")
     assert lex["pale"] == ("tone", "light") and lex["upper"] == ("vpos", "top")
 

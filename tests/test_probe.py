@@ -30,9 +30,10 @@ def _obj(shape, colour, size, texture, hpos, vpos):
 RECORD = {
     "filename": "shapes_000007.png",
     "scene": {
-        "background": {"tone": "dark"},
+        "background": {"tone": "dark", "hue": "green"},
         "objects": [_obj("circle", "red", "small", "striped", "left", "top"),
-                    _obj("star", "blue", "large", "solid", "right", "bottom")],
+                    _obj("star", "blue", "large", "solid", "right", "bottom"),
+                    _obj("star", "blue", "small", "solid", "centre", "bottom")],
     },
     "captions": [
         {"sentid": 35, "raw": "A red circle at the top on a dark background.",
@@ -41,11 +42,12 @@ RECORD = {
         {"sentid": 36, "raw": "A small object left of a big star.",
          "meaning": [{"kind": "relation", "rel": "left_of", "a": {"size": "small"},
                       "b": {"size": "large", "shape": "star"}}]},
-        {"sentid": 37, "raw": "Two shapes, among them a striped circle.",
-         "meaning": [{"kind": "total", "n": 2},
+        {"sentid": 37, "raw": "Three shapes, among them a striped circle.",
+         "meaning": [{"kind": "total", "n": 3},
                      {"kind": "exists", "desc": {"texture": "striped", "shape": "circle"}}]},
-        {"sentid": 38, "raw": "Two solid shapes.",  # a count clause counts a subset: no count=2
-         "meaning": [{"kind": "count", "desc": {"texture": "solid"}, "n": 2}]},
+        {"sentid": 38, "raw": "Two solid shapes on a light green background.",  # a count clause
+         "meaning": [{"kind": "count", "desc": {"texture": "solid"}, "n": 2},  # counts a subset
+                     {"kind": "background", "tone": "light", "hue": "green"}]},
     ],
 }
 
@@ -53,16 +55,16 @@ RECORD = {
 def test_image_labels_of_a_hand_written_scene():
     assert image_labels(RECORD) == {
         "shape=circle", "shape=star", "colour=red", "colour=blue", "size=small", "size=large",
-        "texture=striped", "texture=solid", "hpos=left", "hpos=right", "vpos=top", "vpos=bottom",
-        "count=2", "background=dark",
+        "texture=striped", "texture=solid", "hpos=left", "hpos=right", "hpos=centre", "vpos=top",
+        "vpos=bottom", "count=3", "background=dark", "background_hue=green",
     }
 
 
 @pytest.mark.parametrize("index, expected", [
     (0, {"shape=circle", "colour=red", "vpos=top", "background=dark"}),
     (1, {"size=small", "size=large", "shape=star"}),
-    (2, {"count=2", "texture=striped", "shape=circle"}),
-    (3, {"texture=solid"}),
+    (2, {"count=3", "texture=striped", "shape=circle"}),
+    (3, {"texture=solid", "background=light", "background_hue=green"}),
 ])
 def test_caption_labels_state_only_what_the_caption_says(index, expected):
     assert caption_labels(RECORD["captions"][index]) == expected
@@ -72,7 +74,7 @@ def test_label_space_covers_every_family_once_per_value():
     names = [label.name for label in LABELS]
     assert len(names) == len(set(names))
     assert {label.family for label in LABELS} == set(FAMILIES)
-    assert sum(label.family == "count" for label in LABELS) == 4
+    assert sum(label.family == "count" for label in LABELS) == 6  # scenes of 3 to 8 objects
 
 
 def test_split_targets_follow_the_split_order_not_the_record_order():
@@ -83,8 +85,8 @@ def test_split_targets_follow_the_split_order_not_the_record_order():
     images, captions = split_targets({"shapes_000007.png": RECORD}, split)
     col = {label.name: k for k, label in enumerate(LABELS)}
     assert images.shape == (1, len(LABELS)) and captions.shape == (4, len(LABELS))
-    assert images[0, col["count=2"]] and not images[0, col["count=1"]]
-    assert captions[0, col["count=2"]] and not captions[1, col["count=2"]]  # sentid 37 first
+    assert images[0, col["count=3"]] and not images[0, col["count=4"]]
+    assert captions[0, col["count=3"]] and not captions[1, col["count=3"]]  # sentid 37 first
     assert captions[1, col["background=dark"]] and captions[2, col["size=large"]]
     with pytest.raises(DataError, match="no record"):
         split_targets({}, split)
@@ -113,10 +115,11 @@ def _random_labels(rng, n, rate=0.3):
 def test_probe_reads_an_attribute_encoded_linearly():
     rng = np.random.default_rng(1)
     y_tr, y_te = _random_labels(rng, 1500), _random_labels(rng, 800)
-    mix = rng.normal(size=(len(LABELS), 48))  # labels spread over all 48 dimensions
+    dim = 2 * len(LABELS)
+    mix = rng.normal(size=(len(LABELS), dim))  # labels spread over all dimensions
 
-    def embed(y):  # (N, 48): a linear image of the labels, plus noise
-        return (y * 2.0 - 1.0) @ mix + 2.0 * rng.normal(size=(len(y), 48))
+    def embed(y):  # (N, dim): a linear image of the labels, plus noise
+        return (y * 2.0 - 1.0) @ mix + 2.0 * rng.normal(size=(len(y), dim))
 
     result = probe(embed(y_tr), y_tr, embed(y_te), y_te)
     assert not result.skipped
@@ -140,8 +143,9 @@ def test_probe_skips_values_with_too_few_positives_and_only_those():
     y_te[:5, rare] = True  # 5 positives on test: below min_positives
     result = probe(rng.normal(size=(400, 8)), y_tr, rng.normal(size=(400, 8)), y_te,
                    min_positives=20)
-    assert set(result.skipped) == {"background=dark", "background=light"}
-    assert "background" not in result.per_family and len(result.per_value) == len(LABELS) - 2
+    assert set(result.skipped) == {label.name for label in LABELS if label.family == "background"}
+    assert "background" not in result.per_family
+    assert len(result.per_value) == len(LABELS) - len(rare)
 
 
 def test_fit_probe_separates_a_separable_column_and_is_scale_invariant():

@@ -59,7 +59,13 @@ def test_hand_computed_tuples():
         ("relation", "left_of", "circle", "object"), ("relation", "left_of", "object", "object"),
     }
     rest = [{"kind": "background", "tone": "dark"}, {"kind": "total", "n": 3}]
-    assert meaning_tuples(rest) == {("background", "dark"), ("total", "3")}
+    assert meaning_tuples(rest) == {("background", "tone", "dark"), ("total", "3")}
+    both = {"kind": "background", "tone": "light", "hue": "blue"}
+    assert meaning_tuples([both]) == {("background", "tone", "light"), ("background", "hue", "blue")}
+    polygon = {"kind": "exists", "desc": {"shape": "polygon", "colour": "red"}}  # a hypernym head
+    assert meaning_tuples([polygon]) == {("object", "polygon"),
+                                         ("attribute", "polygon", "colour", "red"),
+                                         ("attribute", "object", "colour", "red")}
     # a conjunction is the union; a repeated proposition counts once
     assert meaning_tuples([RED_CIRCLE, RED_THING, *rest]) == (
         meaning_tuples([RED_CIRCLE]) | meaning_tuples(rest))
@@ -159,12 +165,12 @@ def test_relevance_against_the_union_of_an_images_captions():
 
 def _scene() -> Scene:
     def obj(shape, colour, cx, cy):
-        h, v = position_words(cx, cy, 64)
+        h, v = position_words(cx, cy, 96)
         return SceneObject(shape, colour, "small", "solid", cx, cy, 11.0, 0.0, (0, 0, 0), h, v)
 
-    objects = (obj("circle", "red", 10.0, 10.0), obj("circle", "red", 50.0, 10.0),
-               obj("star", "blue", 30.0, 50.0))
-    return Scene(64, Background("dark", (20, 20, 20), 0.0, 0.0, 0.0), objects)
+    objects = (obj("circle", "red", 15.0, 15.0), obj("circle", "red", 75.0, 15.0),
+               obj("star", "blue", 45.0, 75.0))
+    return Scene(96, Background("dark", "blue", (20, 20, 20), 0.0, 0.0, 0.0), objects)
 
 
 def test_scene_tuples_hold_and_contain_every_true_caption(tiny):
@@ -176,7 +182,8 @@ def test_scene_tuples_hold_and_contain_every_true_caption(tiny):
     assert ("relation", "left_of", "circle", "circle") in tuples
     assert ("relation", "above", "circle", "star") in tuples
     assert ("relation", "above", "star", "circle") not in tuples
-    assert ("total", "3") in tuples and ("background", "dark") in tuples
+    assert ("total", "3") in tuples and ("background", "tone", "dark") in tuples
+    assert ("background", "hue", "blue") in tuples and ("relation", "above", "circle", "symbol") in tuples
     for record in load_scenes(tiny).values():
         scene = Scene.from_json(record["scene"])
         assert holds(scene_meaning(scene), scene)

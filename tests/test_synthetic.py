@@ -14,11 +14,12 @@ import pytest
 from PIL import Image
 
 from icr.data import cxc, entities, karpathy, precomp
-from icr.data.synthetic import writer
+from icr.data.synthetic import grammar, regions, writer
+from icr.data.synthetic.lexicon import HYPERNYMS, SHAPE_CONCEPTS, SHAPES
 from icr.data.synthetic.regions import RegionFeatureExtractor
 from icr.data.synthetic.render import render_scene
-from icr.data.synthetic.semantics import TruthTable, holds
-from icr.data.synthetic.world import Background, Scene, SceneObject, position_words
+from icr.data.synthetic.semantics import TruthTable, holds, matches
+from icr.data.synthetic.world import ATTRIBUTES, Background, Scene, SceneObject, position_words
 from icr.errors import DataError
 
 SPLITS = ("train", "val", "test")
@@ -77,7 +78,7 @@ def test_cli_writes_the_layout(tiny, tiny_hashes):
     assert {s: manifest["counts"][s]["images"] for s in SPLITS} == n
     assert manifest["fingerprint"] == writer.fingerprint(tiny)
     with Image.open(tiny / "images" / "shapes_000000.png") as im:
-        assert im.size == (64, 64) and im.mode == "RGB"
+        assert im.size == (TINY.image_size,) * 2 and im.mode == "RGB"
 
 
 def test_same_seed_gives_identical_files_and_another_seed_differs(tmp_path, tiny_hashes):
@@ -190,6 +191,82 @@ def test_grammar_uses_its_variety(scenes):
     assert min(sizes) == 1 and max(sizes) >= 4
 
 
+def test_captions_are_specific_against_the_reference_scenes(scenes):
+    """Step 2 of the grammar: no caption is true of more than MAX_TRUE_SHARE of the reference
+    scenes (the calibration that brings in-batch false negatives to COCO's range)."""
+    check = writer.reference_specificity(0, TINY.image_size)
+    assert check.limit == int(grammar.MAX_TRUE_SHARE * writer.REFERENCE_SCENES) >= 1
+    for record in scenes.values():
+        for caption in record["captions"]:
+            assert int(check.table.holds(caption["meaning"]).sum()) <= check.limit, caption["raw"]
+
+
+def test_captions_state_part_of_the_scene(scenes):
+    """LTD's premise: a caption leaves facts of its image out; the 5 together still say more."""
+    for record in scenes.values():
+        objects = record["scene"]["objects"]
+        facts = len(objects) * len(ATTRIBUTES)
+        stated = [sum(len(m["attributes"]) for m in c["mentions"]) for c in record["captions"]]
+        assert max(stated) < facts
+        union = {(m["object"], a) for c in record["captions"] for m in c["mentions"]
+                 for a in m["attributes"]}
+        assert len(union) > max(stated)
+
+
+def test_hypernyms_name_sets_of_shapes():
+    square = SceneObject("square", "red", "small", "solid", 10.0, 10.0, 11.0, 0.0, (0, 0, 0),
+                         "left", "top")
+    assert matches(square, {"shape": "polygon", "colour": "red"})
+    assert matches(square, {"shape": "quadrilateral"}) and not matches(square, {"shape": "symbol"})
+    assert not matches(square, {"shape": "polygon", "colour": "blue"})
+    scene = Scene(96, Background("dark", "grey", (30, 30, 30), 0.0, 0.0, 0.0), (square,))
+    table = TruthTable([scene])
+    for concept in ("polygon", "quadrilateral", "symbol", "square", "circle"):
+        meaning = [{"kind": "exists", "desc": {"shape": concept}}]
+        assert table.holds(meaning).tolist() == [holds(meaning, scene)]
+    for concept, members in SHAPE_CONCEPTS.items():
+        assert members <= set(SHAPES) and (concept in SHAPES) == (members == {concept})
+
+
+def test_every_hypernym_and_synonym_is_written(scenes):
+    """The lexicon's structure is in the data: hypernyms and synonyms appear in the captions."""
+    words = {w.lower().strip(",.:") for r in scenes.values() for c in r["captions"]
+             for w in c["raw"].split()}
+    assert {"polygon", "symbol"} & words or {"polygons", "symbols"} & words
+    concepts = {d.get("shape") for r in scenes.values() for c in r["captions"]
+                for clause in c["meaning"] for d in _descs(clause)}
+    assert concepts & set(HYPERNYMS)
+    assert len(concepts & set(SHAPES)) >= 10
+
+
+def _descs(clause: dict) -> list[dict]:
+    if clause["kind"] in ("exists", "count"):
+        return [clause["desc"]]
+    return [clause["a"], clause["b"]] if clause["kind"] == "relation" else []
+
+
+def test_region_sets_look_like_butd_proposals(tiny, scenes):
+    """36 boxes an image: several overlapping boxes per object, and boxes of no object (parts,
+    pairs, background) -- the region sets poolings and grounding face on real data."""
+    boxes = np.load(tiny / "precomp" / "train_boxes.npy")
+    assert boxes.shape[1] == TINY.regions == 36
+    for record, image_boxes in zip([r for r in scenes.values() if r["split"] == "train"], boxes,
+                                   strict=True):
+        owner = np.asarray(record["region_owner"])
+        objects = np.array([o["bbox"] for o in record["scene"]["objects"]])
+        iou = regions._iou(image_boxes.astype(np.float64), objects)  # (36, K)
+        np.testing.assert_array_equal(owner, np.where(iou.max(1) >= 0.5, iou.argmax(1), -1))
+        per_object = np.bincount(owner[owner >= 0], minlength=len(objects))
+        assert per_object.min() >= 1 and per_object.mean() >= 2  # overlapping detections
+        assert (owner < 0).sum() >= 36 // 8  # parts, pairs and background
+        assert ((image_boxes[:, 2] - image_boxes[:, 0]) > 0.55 * TINY.image_size).any()
+
+
+def test_iou_of_hand_made_boxes():
+    a = np.array([[0.0, 0.0, 10.0, 10.0], [5.0, 0.0, 15.0, 10.0], [20.0, 20.0, 30.0, 30.0]])
+    np.testing.assert_allclose(regions._iou(a, a[:1])[:, 0], [1.0, 50 / 150, 0.0])
+
+
 def test_truth_table_agrees_with_the_plain_checker(scenes):
     records = [r for r in scenes.values() if r["split"] == "val"]
     scene_list = [_scene(r) for r in records]
@@ -201,6 +278,8 @@ def test_truth_table_agrees_with_the_plain_checker(scenes):
 
 
 def test_extended_positives_are_true_other_images_and_complete(tiny, scenes):
+    """Every written pair is a caption true of another image, and every such pair is written (the
+    tiny preset's captions are specific, so there may be none: see the next test)."""
     for split in ("val", "test"):
         pairs = cxc.load_cxc_pairs(tiny / "cxc" / f"sits_{split}.csv")
         assert (pairs["agg_score"] == 5.0).all() and (pairs["sampling_method"] == "c2i_scene").all()
@@ -217,7 +296,22 @@ def test_extended_positives_are_true_other_images_and_complete(tiny, scenes):
             for r in records for c in r["captions"] for r2 in records
             if r2 is not r and holds(c["meaning"], _scene(r2))
         }
-        assert found == expected and len(found) > 0
+        assert found == expected
+
+
+def test_extended_positive_pairs_find_an_image_with_the_same_scene():
+    """Two images of one scene: each caption is an extended positive of the other image."""
+    first = writer.generate_image(0, 0, "val", TINY)
+    second = writer.generate_image(0, 1, "val", TINY)
+    twin = writer.generate_image(0, 2, "val", TINY)
+    twin.scene, twin.captions = first.scene, first.captions
+    pairs = set(writer.extended_positive_pairs([first, second, twin]))
+    for k in range(5):
+        assert (first.sentid(k), twin.filename) in pairs
+        assert (twin.sentid(k), first.filename) in pairs
+    for sentid, name in pairs:
+        assert name != {im.sentid(k): im.filename for im in (first, second, twin)
+                        for k in range(5)}[sentid]
 
 
 # ------------------------------------------------------------------------------ loaders
@@ -235,7 +329,7 @@ def test_loaders_read_everything_back(tiny, scenes):
         assert pc.features.shape == (n, TINY.regions, TINY.feature_dim)
         assert pc.features.dtype == np.float32 and np.isfinite(pc.features).all()
         assert pc.boxes.shape == (n, TINY.regions, 4)
-        assert (pc.boxes >= 0).all() and (pc.boxes <= 64).all()
+        assert (pc.boxes >= 0).all() and (pc.boxes <= TINY.image_size).all()
         assert (pc.boxes[..., 2:] > pc.boxes[..., :2]).all()
         assert pc.images.image_ids == kp.image_ids and pc.images.captions == kp.captions
         ent = entities.load_entities(tiny / "entities", split)
@@ -250,7 +344,7 @@ def test_loaders_read_everything_back(tiny, scenes):
 def _check_entities_image(image, raw_captions, record):
     assert len(image.sentences) == 5
     annotation = image.annotation
-    assert (annotation.width, annotation.height) == (64, 64)
+    assert (annotation.width, annotation.height) == (TINY.image_size,) * 2
     objects = record["scene"]["objects"]
     for sentence, raw, caption in zip(image.sentences, raw_captions, record["captions"], strict=True):
         assert sentence.text.replace(" ,", ",").replace(" .", ".").replace(" :", ":") == raw
@@ -271,9 +365,9 @@ def _check_entities_image(image, raw_captions, record):
 
 
 def _single_object_scene(cx: float, cy: float, colour_rgb, tone: str, bg_rgb) -> Scene:
-    h, v = position_words(cx, cy, 64)
+    h, v = position_words(cx, cy, 96)
     obj = SceneObject("star", "red", "large", "striped", cx, cy, 22.0, 0.0, colour_rgb, h, v)
-    return Scene(64, Background(tone, bg_rgb, 6.0, 15.0, 0.5), (obj,))
+    return Scene(96, Background(tone, "grey", bg_rgb, 6.0, 15.0, 0.5), (obj,))
 
 
 def _object_feature(scene: Scene, seed: int) -> np.ndarray:

@@ -37,7 +37,17 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from icr.data.synthetic.world import COLOURS, HPOS, SHAPES, SIZES, TEXTURES, TONES, VPOS
+from icr.data.synthetic.world import (
+    COLOURS,
+    HPOS,
+    HUES,
+    OBJECT_COUNTS,
+    SHAPES,
+    SIZES,
+    TEXTURES,
+    TONES,
+    VPOS,
+)
 from icr.data.types import CaptionedImages
 from icr.errors import DataError
 
@@ -46,7 +56,6 @@ log = logging.getLogger(__name__)
 FAMILIES = ("shape", "colour", "size", "texture", "position", "count", "background")
 _ATTRIBUTE_FAMILY = {"shape": "shape", "colour": "colour", "size": "size", "texture": "texture",
                      "hpos": "position", "vpos": "position"}
-MAX_OBJECTS = 4  # the shapes world draws 1..4 objects per scene
 
 
 @dataclass(frozen=True)
@@ -62,8 +71,9 @@ def label_space() -> tuple[Label, ...]:
     values = {"shape": SHAPES, "colour": tuple(COLOURS), "size": SIZES, "texture": TEXTURES,
               "hpos": HPOS, "vpos": VPOS}
     labels = [Label(_ATTRIBUTE_FAMILY[a], f"{a}={v}") for a, vs in values.items() for v in vs]
-    labels += [Label("count", f"count={n}") for n in range(1, MAX_OBJECTS + 1)]
+    labels += [Label("count", f"count={n}") for n in OBJECT_COUNTS]
     labels += [Label("background", f"background={t}") for t in TONES]
+    labels += [Label("background", f"background_hue={h}") for h in HUES]
     return tuple(labels)
 
 
@@ -84,6 +94,7 @@ def image_labels(record: Mapping) -> set[str]:
     names = {f"{a}={obj[a]}" for obj in scene["objects"] for a in _ATTRIBUTE_FAMILY}
     names.add(f"count={len(scene['objects'])}")
     names.add(f"background={scene['background']['tone']}")
+    names.add(f"background_hue={scene['background']['hue']}")
     return names
 
 
@@ -91,7 +102,8 @@ def caption_labels(caption: Mapping) -> set[str]:
     """Label names a caption states, read from the clauses of its ``meaning``.
 
     Object descriptions of ``exists``, ``count`` and ``relation`` clauses state their attribute
-    values; a ``background`` clause its tone; a ``total`` clause ``count=n``. A ``count`` clause
+    values (a hypernym such as ``shape=polygon`` is no label and is ignored); a ``background`` clause
+    its tone and hue; a ``total`` clause ``count=n``. A ``count`` clause
     ("two red circles") counts a subset, not the scene's objects, so it states no ``count=n``.
     Relations state no absolute position.
     """
@@ -103,7 +115,8 @@ def caption_labels(caption: Mapping) -> set[str]:
             descs = [clause["a"], clause["b"]]
         names.update(f"{a}={v}" for desc in descs for a, v in desc.items())
         if kind == "background":
-            names.add(f"background={clause['tone']}")
+            names.update(f"background{suffix}={clause[field]}"
+                         for field, suffix in (("tone", ""), ("hue", "_hue")) if field in clause)
         if kind == "total":
             names.add(f"count={clause['n']}")
     return names

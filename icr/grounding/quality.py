@@ -18,22 +18,25 @@ punctuation at their ends (``"Circle." == "circle"``).
 Judging one substituted caption (:func:`judge_substitution`):
 
 1. The substitute equal to the true word (ignoring case) is the same caption: false negative.
-2. Both words must be in the grammar's lexicon (:func:`icr.grounding.words.shapes_lexicon`),
+2. Both words must be in the grammar's lexicon (:func:`icr.data.synthetic.lexicon.lexicon`),
    otherwise ``unknown`` (a word the shapes world cannot interpret, e.g. "dog" or "ball").
 3. The true word is located in the caption's meaning: the phrase holding it (an Entities phrase,
    whose chain key is the set of objects it refers to) is matched to the clause description that
    refers to exactly those objects in the scene; a position word (``on the left``) belongs to the
    phrase before it; a ``left``/``right`` of ``left of`` names the relation of the clause. The
    word must agree with that description (``circle`` with ``shape: circle``), else ``unknown``.
-4. The description is changed: a shape noun for a shape noun replaces the shape (synonyms map to
-   the same shape); a generic noun (``shape``, ``object``, ``figure``) for a shape noun drops the
-   shape (a hypernym, usually still true); a shape noun for a generic noun adds it, and in a
-   ``total`` clause ("three shapes") turns it into ``count`` ("three circles": exactly three
-   circles); a generic noun for a generic noun changes nothing; a colour, size, texture, tone or
-   position word for one of the same attribute replaces the value; ``left``/``right`` in a
-   relation swap ``left_of``/``right_of``. Any other pair (a colour for a noun, a word of a
-   two-word noun like ``plus sign``, ``background``, ``centre``/``middle``, whose axis depends on
-   the phrase) is ``unknown``. Grammatical number is ignored ("two square").
+4. The description is changed: a shape noun for a shape noun replaces the shape concept (synonyms
+   name the same shape, so "box" for "square" changes nothing; a hypernym such as "polygon" names a
+   set of shapes and is usually still true); a generic noun (``shape``, ``object``, ``figure``,
+   ``item``) for a shape noun drops the shape (usually still true); a shape noun for a generic noun
+   adds it, and in a ``total`` clause ("three shapes") turns it into ``count`` ("three circles":
+   exactly three circles); a generic noun for a generic noun changes nothing; a colour, size,
+   texture or position word for one of the same attribute replaces the value; in the background
+   phrase a tone word replaces the tone, a colour word the hue, and ``backdrop`` for
+   ``background`` changes nothing; ``left``/``right`` in a relation swap ``left_of``/``right_of``.
+   Any other pair (a colour for a noun, a word of a two-word noun like ``plus sign``,
+   ``centre``/``middle``, whose axis depends on the phrase) is ``unknown``. Grammatical number is
+   ignored ("two square").
 5. The changed meaning is evaluated on the scene (:func:`icr.data.synthetic.semantics.holds`):
    true -> false negative, false -> true negative.
 
@@ -56,11 +59,11 @@ import numpy as np
 
 from icr.data.entities import load_entities
 from icr.data.synthetic.grammar import BACKGROUND_KEY
+from icr.data.synthetic.lexicon import lexicon
 from icr.data.synthetic.semantics import holds, matches
 from icr.data.synthetic.world import Scene
 from icr.data.synthetic.writer import CHAINS_PER_IMAGE, load_scenes
 from icr.errors import DataError
-from icr.grounding.words import shapes_lexicon
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +79,7 @@ __all__ = [
 TRUE_NEGATIVE, FALSE_NEGATIVE, UNKNOWN = "true_negative", "false_negative", "unknown"
 VERDICTS = (TRUE_NEGATIVE, FALSE_NEGATIVE, UNKNOWN)
 _ATTRIBUTE_KINDS = ("colour", "size", "texture", "hpos", "vpos")
+_BACKGROUND_FIELD = {"tone": "tone", "colour": "hue"}  # the background's word kinds and fields
 Lexicon = Mapping[str, tuple[str, str]]
 _AFFIXES = re.compile(r"^[\W_]+|[\W_]+$")
 
@@ -184,8 +188,9 @@ def _agrees(clause: Mapping, slot: _Slot, kind: str, value: str, relation_word: 
     if relation_word:
         return clause["kind"] == "relation" and slot.role == "a" and clause["rel"] == f"{value}_of"
     if slot.role is None:
-        return (clause["kind"] == "total" and kind == "generic") or (
-            clause["kind"] == "background" and kind == "tone" and clause["tone"] == value)
+        if clause["kind"] == "background":
+            return kind == "background" or clause.get(_BACKGROUND_FIELD.get(kind, "")) == value
+        return clause["kind"] == "total" and kind == "generic"
     desc = clause[slot.role]
     if kind == "generic":
         return "shape" not in desc
@@ -231,9 +236,11 @@ def _changed(meaning: Sequence[Mapping], slot: _Slot, old: tuple[str, str],
         elif new_kind != "generic":
             return None
     elif clause["kind"] == "background":
-        if new_kind != "tone":
+        if old_kind == new_kind == "background":
+            return clauses  # "backdrop" for "background"
+        if old_kind != new_kind or old_kind not in _BACKGROUND_FIELD:
             return None
-        clause["tone"] = new_value
+        clause[_BACKGROUND_FIELD[old_kind]] = new_value
     else:
         desc = clause[slot.role]
         if old_kind in ("shape", "generic") and new_kind == "shape":
@@ -275,7 +282,7 @@ def judge_substitution(truth: CaptionTruth, word_index: int, substitute: str) ->
     """
     if not 0 <= word_index < len(truth.tokens):
         raise ValueError(f"word index {word_index} is outside the caption {truth.tokens}")
-    return _judge(truth, word_index, [substitute], shapes_lexicon())[0]
+    return _judge(truth, word_index, [substitute], lexicon())[0]
 
 
 def _entries(negatives: Any) -> Sequence[CaptionNegatives | tuple | None]:
@@ -304,7 +311,7 @@ def negative_quality(
     Raises:
         ValueError: a generator's entries do not match the captions (count, index, or word).
     """
-    lex = shapes_lexicon()
+    lex = lexicon()
     out: dict[str, float] = {}
     for name, given in negatives.items():
         entries = _entries(given)

@@ -39,7 +39,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,7 +66,6 @@ __all__ = [
     "gold_tags",
     "select_split_words",
     "select_words",
-    "shapes_lexicon",
     "tag_tokens",
     "tagger_accuracy",
     "word_features",
@@ -435,76 +434,24 @@ def _read_cache(features_path: Path, pieces_path: Path, num_captions: int
 # ------------------------------------------------------------------ the embedded benchmark's words
 
 
-def shapes_lexicon() -> dict[str, tuple[str, str]]:
-    """What each word of the shapes-world grammar names: ``word -> (kind, value)``.
-
-    Kinds: ``shape`` (value: the shape; synonyms and plurals included, e.g. ``box -> square``),
-    ``generic`` (``shape``/``object``/``figure``, any shape), ``colour``, ``size``, ``texture``
-    (adjectives and the nouns of ``with stripes``/``with dots``), ``tone`` (of the background),
-    ``hpos``/``vpos`` (``left``, ``right``, ``top``, ``bottom``, ``upper``, ``lower``),
-    ``position`` (``centre``, ``middle``: horizontal or vertical by context), ``compound`` (a word
-    of a two-word noun: ``plus``, ``sign``, ``polka``; value: the compound) and ``noun`` (a noun
-    that names no attribute: ``background``, ``picture``, ``image``, ``corner``, ``side``,
-    ``part``). Multi-word shape nouns are entries too (``plus sign -> cross``).
-    """
-    from icr.data.synthetic.grammar import (
-        GENERIC_NOUNS,
-        SHAPE_NOUNS,
-        SIZE_WORDS,
-        TEXTURE_ADJECTIVES,
-        TEXTURE_PHRASES,
-        TONE_WORDS,
-    )
-    from icr.data.synthetic.world import COLOURS, HPOS, VPOS
-
-    lex: dict[str, tuple[str, str]] = {}
-    for word in ("background", "picture", "image", "corner", "side", "part"):
-        lex[word] = ("noun", word)
-    for shape, forms in SHAPE_NOUNS.items():
-        for form in (f for pair in forms for f in pair):
-            lex[form] = ("shape", shape)
-            if " " in form:
-                for part in form.split():
-                    lex.setdefault(part, ("compound", form))
-    for singular, plural in GENERIC_NOUNS:
-        lex[singular] = lex[plural] = ("generic", singular)
-    lex.update({c: ("colour", c) for c in COLOURS})
-    lex.update({w: ("size", s) for s, words in SIZE_WORDS.items() for w in words})
-    lex.update({w: ("texture", t) for t, words in TEXTURE_ADJECTIVES.items() for w in words})
-    for texture, phrases in TEXTURE_PHRASES.items():
-        for phrase in phrases:
-            *modifiers, noun = phrase.split()[1:]  # drop "with"
-            lex[noun] = ("texture", texture)
-            lex.update({m: ("compound", f"{m} {noun}") for m in modifiers})
-    lex.update({w: ("tone", t) for t, words in TONE_WORDS.items() for w in words})
-    lex.update({h: ("hpos", h) for h in HPOS if h != "centre"})
-    lex.update({v: ("vpos", v) for v in VPOS if v != "middle"})
-    lex.update({"upper": ("vpos", "top"), "lower": ("vpos", "bottom"),
-                "centre": ("position", "centre"), "middle": ("position", "middle")})
-    return lex
-
-
-# words of the grammar's templates (grammar.py: plan leads, connectives, relation and position
-# phrases, numbers, relative clauses) that are neither content nouns nor adjectives
+# words of the grammar's templates (grammar.py: leads, connectives, relation and position phrases,
+# numbers, relative clauses) that are neither content nouns nor adjectives
 _FUNCTION_WORDS = frozenset({
     "a", "an", "the", "there", "is", "are", "of", "and", "on", "against", "in", "front", "at",
     "near", "to", "with", "that", "which", "coloured", "sits", "placed", "beside", "above",
-    "below", "beneath", "next", "showing", "we", "see", "including", "among", "them", "one", "as",
-    "well", "halfway", "down", "two", "three", "four", ",", ".", ":",
+    "below", "beneath", "next", "showing", "we", "see", "including", "among", "as", "well",
+    "them", "one", "two", "three", "four", "five", "six", "seven", "eight", ",", ".", ":",
 })
-_GOLD_ADJECTIVES = frozenset({"single"})
 _POSITION_WORDS = frozenset({"left", "right", "top", "bottom", "centre", "middle"})
 
 
-def _gold_role(tokens: Sequence[str], i: int, lex: dict[str, tuple[str, str]]) -> str:
+def _gold_role(tokens: Sequence[str], i: int, lex: Mapping[str, tuple[str, str]]) -> str:
     word = tokens[i].lower()
     following = tokens[i + 1].lower() if i + 1 < len(tokens) else ""
     if word in _POSITION_WORDS:  # "to the left of" / "left of" is a relation, not a place
         return "other" if word in ("left", "right") and following == "of" else "noun"
     if word == "plus":  # "plus sign" vs the connective ", plus"
         return "noun" if following in ("sign", "signs") else "other"
-    if word in _GOLD_ADJECTIVES:
-        return "adjective"
     if word in lex:
         kind = lex[word][0]
         if kind in ("colour", "size", "tone") or (kind == "texture" and not _texture_noun(word)):
@@ -518,7 +465,7 @@ def _gold_role(tokens: Sequence[str], i: int, lex: dict[str, tuple[str, str]]) -
 
 
 def _texture_noun(word: str) -> bool:
-    from icr.data.synthetic.grammar import TEXTURE_PHRASES
+    from icr.data.synthetic.lexicon import TEXTURE_PHRASES
 
     return any(p.split()[-1] == word for ps in TEXTURE_PHRASES.values() for p in ps)
 
@@ -526,16 +473,19 @@ def _texture_noun(word: str) -> bool:
 def gold_tags(tokens: Sequence[str]) -> list[str]:
     """The grammar's role of each whitespace token: ``noun``, ``adjective``, ``other`` or ``unknown``.
 
-    Nouns: shape nouns (with ``plus`` and ``sign`` of ``plus sign``), generic nouns, the nouns of
-    texture phrases (``stripes``, ``dots``, ``polka``), ``background``, ``picture``, ``image``,
-    ``corner``, ``side``, ``part``, and position words used as places (``on the left``,
-    ``at the top``, ``in the top left corner``, ``in the middle``). Adjectives: colour, size,
-    texture and tone words, ``upper``, ``lower``, ``single``. Other: the template words (articles,
-    numbers, verbs, prepositions, ``coloured``, punctuation), the connective ``plus`` and ``left``
-    / ``right`` in a relation (``left of``, ``to the right of``). ``unknown``: a word the grammar
-    does not write (a caption from elsewhere, or a grammar that grew).
+    Nouns: shape nouns and their synonyms (with ``plus`` and ``sign`` of ``plus sign``), hypernyms
+    (``polygon``, ``symbol``, ...), generic nouns, the nouns of texture phrases (``stripes``,
+    ``dots``, ``polka``, ``checks``), ``background``, ``backdrop``, ``picture``, ``image`` and the
+    other nouns of :data:`icr.data.synthetic.lexicon.OTHER_NOUNS`, and position words used as places
+    (``on the left``, ``at the top``, ``in the top left corner``, ``in the middle``). Adjectives:
+    colour, size, texture and tone words, ``upper``, ``lower``. Other: the template words
+    (articles, numbers, verbs, prepositions, ``coloured``, punctuation), the connective ``plus`` and
+    ``left`` / ``right`` in a relation (``left of``, ``to the right of``). ``unknown``: a word the
+    grammar does not write (a caption from elsewhere, or a grammar that grew).
     """
-    lex = shapes_lexicon()
+    from icr.data.synthetic.lexicon import lexicon
+
+    lex = lexicon()
     return [_gold_role(tokens, i, lex) for i in range(len(tokens))]
 
 
@@ -551,7 +501,9 @@ def tagger_accuracy(captions: Iterable[str | Sequence[str]]) -> dict[str, float]
         ``max_words`` cap), ``noun_adjective_accuracy`` (among tokens both call content, agreement
         on noun vs adjective); counts: ``tokens``, ``content_tokens`` (gold), ``unknown_tokens``.
     """
-    lex = shapes_lexicon()
+    from icr.data.synthetic.lexicon import lexicon
+
+    lex = lexicon()
     gold: list[str] = []
     pred: list[str] = []
     unknown = 0

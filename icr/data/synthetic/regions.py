@@ -1,8 +1,11 @@
 """Region boxes and BUTD-style region features computed from pixels.
 
-Each image gets ``R`` boxes, like the detections of a bottom-up-attention detector: every object's
-box, slightly jittered, plus distractors (parts of objects and random crops of the background),
-in random order. Each box's feature comes from the *pixels* of its crop, resized to 16 x 16, through
+Each image gets ``R`` boxes (36, as the bottom-up-attention features that SCAN, VSRN, VSE-infinity
+and the grounding paper use; Anderson et al., CVPR 2018), made the way a detector's proposals look
+after non-maximum suppression: for every object a tight box and several looser, shifted ones that
+overlap it (IoU about 0.4 to 0.9), parts of objects, boxes around two neighbouring objects, and
+background patches of all scales, one of them large; ordered by a detection score, as the released
+BUTD files are. Each box's feature comes from the *pixels* of its crop, resized to 16 x 16, through
 a fixed feature extractor: a two-layer random convolutional network (fixed seed) pooled to 64 values,
 a soft joint colour histogram, a gradient-orientation histogram and colour statistics, each group
 L2-normalised and mixed by a fixed random projection to ``D`` dimensions. The extractor never sees an
@@ -22,39 +25,84 @@ _CHUNK = 256  # crops per forward pass; fixed so every crop goes through identic
 _HIST_CENTRES = np.array([0.0, 0.5, 1.0], dtype=np.float32)
 
 
+Box = tuple[float, float, float, float]
+OWNER_IOU = 0.5  # a box "is" an object's detection when its IoU with the object is at least this
+
+
+def _iou(boxes: np.ndarray, objects: np.ndarray) -> np.ndarray:
+    """``(M, 4)`` x ``(K, 4)`` xyxy -> ``(M, K)`` IoU (continuous coordinates)."""
+    lo = np.maximum(boxes[:, None, :2], objects[None, :, :2])
+    hi = np.minimum(boxes[:, None, 2:], objects[None, :, 2:])
+    inter = np.prod(np.clip(hi - lo, 0, None), axis=2)
+    area = lambda b: (b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1])  # noqa: E731
+    return inter / (area(boxes)[:, None] + area(objects)[None, :] - inter)
+
+
+def _proposal_counts(n: int, total: int) -> tuple[int, int, int, int]:
+    """How many tight, loose, part and pair boxes ``n`` objects get among ``total`` (the rest are
+    background patches, at least ``total // 8``)."""
+    tight = min(n, total)
+    loose = min(2 * n, max(total * 5 // 8 - tight, 0))
+    parts = min(n, max(total * 13 // 16 - tight - loose, 0))
+    pairs = min(max(n - 1, 0), 3, max(total - total // 8 - tight - loose - parts, 0))
+    return tight, loose, parts, pairs
+
+
 def region_boxes(
-    object_boxes: list[tuple[float, float, float, float]],
+    object_boxes: list[Box],
     size: int,
     num_regions: int,
     rng: np.random.Generator,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Jittered object boxes plus distractors, shuffled.
+    """BUTD-like proposals: boxes on and around the objects, parts, pairs and background.
 
     Returns:
-        boxes: ``(R, 4)`` float32 xyxy pixel boxes inside the image.
-        owner: ``(R,)`` int64, the object index of each box, -1 for a distractor.
+        boxes: ``(R, 4)`` float32 xyxy pixel boxes inside the image, by descending score.
+        owner: ``(R,)`` int64, the object a box detects (IoU >= :data:`OWNER_IOU`, the largest),
+            -1 for parts, pairs and background.
     """
-    boxes, owner = [], []
-    for k, (x0, y0, x1, y1) in enumerate(object_boxes[:num_regions]):
-        w, h = x1 - x0, y1 - y0
-        jitter = rng.uniform(-0.06, 0.06, size=4) * np.array([w, h, w, h])
-        boxes.append(np.array([x0, y0, x1, y1]) + jitter)
-        owner.append(k)
-    while len(boxes) < num_regions:
-        if object_boxes and rng.random() < 0.4:  # a part of an object
-            x0, y0, x1, y1 = object_boxes[int(rng.integers(len(object_boxes)))]
-            w, h = (x1 - x0) * rng.uniform(0.35, 0.7), (y1 - y0) * rng.uniform(0.35, 0.7)
-            bx, by = rng.uniform(x0 - 0.2 * w, x1 - 0.8 * w), rng.uniform(y0 - 0.2 * h, y1 - 0.8 * h)
-        else:  # anywhere: background, often with pieces of objects
-            w = rng.uniform(0.1, 0.45) * size
-            h = w * rng.uniform(0.6, 1.6)
-            bx, by = rng.uniform(0, size - w), rng.uniform(0, max(size - h, 0.0))
-        boxes.append(np.array([bx, by, bx + w, by + h]))
-        owner.append(-1)
-    out = np.clip(np.stack(boxes), 0, size).astype(np.float32)
-    out[:, 2:] = np.maximum(out[:, 2:], out[:, :2] + 1)  # at least one pixel wide
-    order = rng.permutation(num_regions)
-    return out[order], np.asarray(owner, dtype=np.int64)[order]
+    objects = np.asarray(object_boxes, dtype=np.float64).reshape(-1, 4)
+    n = len(objects)
+    tight, loose, parts, pairs = _proposal_counts(n, num_regions)
+    wh = objects[:, 2:] - objects[:, :2]  # (n, 2)
+    out = []
+    for k in range(tight):  # the object's own box, slightly jittered
+        out.append(objects[k] + rng.uniform(-0.06, 0.06, size=4) * np.tile(wh[k], 2))
+    for _ in range(loose):  # looser or tighter, shifted: overlapping detections of one object
+        k = int(rng.integers(n))
+        centre = (objects[k, :2] + objects[k, 2:]) / 2 + rng.uniform(-0.2, 0.2, size=2) * wh[k]
+        half = wh[k] * rng.uniform(0.75, 1.35, size=2) / 2
+        out.append(np.concatenate([centre - half, centre + half]))
+    for _ in range(parts):  # a part of an object
+        k = int(rng.integers(n))
+        (x0, y0), (w, h) = objects[k, :2], wh[k] * rng.uniform(0.35, 0.7, size=2)
+        bx = rng.uniform(x0 - 0.2 * w, objects[k, 2] - 0.8 * w)
+        by = rng.uniform(y0 - 0.2 * h, objects[k, 3] - 0.8 * h)
+        out.append(np.array([bx, by, bx + w, by + h]))
+    centres = (objects[:, :2] + objects[:, 2:]) / 2
+    distance = np.linalg.norm(centres[:, None] - centres[None], axis=2) + np.eye(n) * 1e9
+    for _ in range(pairs):  # two neighbouring objects in one box
+        k = int(rng.integers(n))
+        j = int(np.argmin(distance[k]))
+        union = np.concatenate([np.minimum(objects[k, :2], objects[j, :2]),
+                                np.maximum(objects[k, 2:], objects[j, 2:])])
+        out.append(union + rng.uniform(-0.04, 0.04, size=4) * size)
+    while len(out) < num_regions:  # background, often with pieces of objects; one large patch
+        scale = rng.uniform(0.6, 1.0) if len(out) == num_regions - 1 else rng.uniform(0.1, 0.5)
+        w = scale * size
+        h = min(w * rng.uniform(0.6, 1.6), size)
+        bx, by = rng.uniform(0, size - w), rng.uniform(0, size - h)
+        out.append(np.array([bx, by, bx + w, by + h]))
+    boxes = np.clip(np.stack(out), 0, size)
+    boxes[:, 2:] = np.maximum(boxes[:, 2:], boxes[:, :2] + 1)  # at least one pixel wide
+    boxes[:, :2] = np.minimum(boxes[:, :2], size - 1)
+    boxes[:, 2:] = np.minimum(boxes[:, 2:], size)
+    iou = _iou(boxes, objects) if n else np.zeros((len(boxes), 1))
+    best = iou.max(axis=1)
+    owner = np.where(best >= OWNER_IOU, iou.argmax(axis=1), -1)
+    score = best + rng.uniform(-0.1, 0.1, size=len(boxes))  # a detector's confidence, roughly
+    order = np.argsort(-score, kind="stable")
+    return boxes[order].astype(np.float32), owner[order].astype(np.int64)
 
 
 def crop_regions(pixels: np.ndarray, boxes: np.ndarray, crop: int = CROP) -> np.ndarray:

@@ -6,7 +6,8 @@ object-relation-object triples), and scores the candidate by the F1 of its tuple
 of the references' tuples, tuples matching when equal up to WordNet synonyms. The shapes world needs
 no parser: the generator stores every caption's meaning (:mod:`.semantics`), written in canonical
 values, so synonyms ("box"/"square", "big"/"large", "with stripes"/"striped", "A left of B"/"B right
-of A") already coincide there. :func:`meaning_tuples` turns a meaning into these tuples:
+of A") already coincide there. A hypernym ("polygon") is its own head, as in SPICE, where WordNet
+synonyms match but hypernyms do not. :func:`meaning_tuples` turns a meaning into these tuples:
 
 =================================================  =============================================
 tuple                                              from
@@ -21,7 +22,8 @@ tuple                                              from
                                                    ``above`` with the arguments swapped;
                                                    ``next_to`` with sorted arguments); each shape
                                                    head is also emitted as ``"object"``
-``("background", tone)``                           a ``background`` clause
+``("background", field, value)``                   a ``background`` clause: one tuple for its
+                                                   tone, one for its hue
 ``("total", n)``                                   a ``total`` clause
 =================================================  =============================================
 
@@ -56,6 +58,7 @@ from collections.abc import Sequence, Set
 import numpy as np
 from scipy import sparse
 
+from icr.data.synthetic.lexicon import HYPERNYMS
 from icr.data.synthetic.semantics import Clause, Desc, Meaning
 from icr.data.synthetic.world import RELATIONS, Scene, relation_holds
 
@@ -108,7 +111,7 @@ def clause_tuples(clause: Clause) -> set[Proposition]:
     if kind == "relation":
         return _relation_tuples(clause)
     if kind == "background":
-        return {("background", str(clause["tone"]))}
+        return {("background", f, str(clause[f])) for f in ("tone", "hue") if f in clause}
     if kind == "total":
         return {("total", str(clause["n"]))}
     raise ValueError(f"unknown clause kind {kind!r}")
@@ -119,19 +122,26 @@ def meaning_tuples(meaning: Meaning) -> frozenset[Proposition]:
     return frozenset().union(*(clause_tuples(c) for c in meaning))
 
 
+def _concepts(shape: str) -> list[str]:
+    """A shape and every hypernym that names it (:data:`~.lexicon.HYPERNYMS`)."""
+    return [shape] + [h for h, members in HYPERNYMS.items() if shape in members]
+
+
 def scene_meaning(scene: Scene) -> list[dict]:
     """A meaning that says everything the tuple vocabulary can say about ``scene``.
 
-    Every object with all its attributes, every count of two or more objects sharing some of
-    shape, colour, size and texture (the counts the grammar states), every relation that holds
-    between two objects (by shape), the background and the number of objects. It is true of
-    ``scene`` (:func:`~.semantics.holds`), and its tuples contain those of every true caption.
+    Every object with all its attributes (once per shape concept: its shape and each hypernym of
+    it), every count of two or more objects sharing some of shape, colour, size and texture (the
+    counts the grammar states), every relation that holds between two objects (by shape concept),
+    the background and the number of objects. It is true of ``scene`` (:func:`~.semantics.holds`),
+    and its tuples contain those of every true caption.
     """
     objects = scene.objects
     meaning: list[dict] = [
-        {"kind": "exists", "desc": {a: o.attribute(a) for a in ("shape", "colour", "size",
-                                                                  "texture", "hpos", "vpos")}}
-        for o in objects
+        {"kind": "exists", "desc": {**{a: o.attribute(a) for a in ("colour", "size", "texture",
+                                                                    "hpos", "vpos")},
+                                    "shape": concept}}
+        for o in objects for concept in _concepts(o.shape)
     ]
     for r in range(1, len(_COUNTED) + 1):
         for names in itertools.combinations(_COUNTED, r):
@@ -142,10 +152,11 @@ def scene_meaning(scene: Scene) -> list[dict]:
             meaning += [{"kind": "count", "desc": dict(zip(names, value, strict=True)), "n": n}
                         for value, n in groups.items() if n >= 2]
     for x, y in itertools.permutations(objects, 2):
-        a, b = {"shape": x.shape}, {"shape": y.shape}
-        meaning += [{"kind": "relation", "rel": rel, "a": a, "b": b}
-                    for rel in RELATIONS if relation_holds(rel, x, y, scene.size)]
-    meaning.append({"kind": "background", "tone": scene.background.tone})
+        rels = [rel for rel in RELATIONS if relation_holds(rel, x, y, scene.size)]
+        meaning += [{"kind": "relation", "rel": rel, "a": {"shape": cx}, "b": {"shape": cy}}
+                    for rel in rels for cx in _concepts(x.shape) for cy in _concepts(y.shape)]
+    meaning.append({"kind": "background", "tone": scene.background.tone,
+                    "hue": scene.background.hue})
     meaning.append({"kind": "total", "n": len(objects)})
     return meaning
 

@@ -1,7 +1,8 @@
 """Render a :class:`~icr.data.synthetic.world.Scene` to an RGB array.
 
 Objects are drawn as coverage masks at 4x the output resolution with Pillow and box-filtered down,
-which anti-aliases edges; textures (stripes, dots, outline) are computed on the same grid. The
+which anti-aliases edges; textures (stripes, dots, checks, outline) are computed on the same grid;
+an outline is the filled shape minus its erosion, so every shape has one of even width. The
 background is a tinted flat colour with a linear ramp and Gaussian pixel noise. Every random choice
 comes from the generator passed in, so a scene and a seed give the same pixels on every run.
 """
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image, ImageDraw
+from scipy import ndimage
 
 from icr.data.synthetic.world import Background, Scene, SceneObject
 
@@ -26,14 +28,28 @@ class Rendering:
     boxes: tuple[tuple[float, float, float, float], ...]
 
 
+def _regular(sides: int, radius: float = 1.0, start: float = -np.pi / 2) -> np.ndarray:
+    angle = start + np.arange(sides) * 2 * np.pi / sides
+    return radius * np.stack([np.cos(angle), np.sin(angle)], axis=1)
+
+
 def _unit_polygon(shape: str) -> np.ndarray:
     """Vertices in [-1, 1]^2 (y down) of a shape whose bounding square has side 2."""
     if shape == "square":
         return np.array([[-1, -1], [1, -1], [1, 1], [-1, 1]], dtype=float) * 0.86
+    if shape == "rectangle":
+        return np.array([[-1, -0.55], [1, -0.55], [1, 0.55], [-1, 0.55]], dtype=float)
+    if shape == "oval":
+        t = np.linspace(0, 2 * np.pi, 48, endpoint=False)
+        return np.stack([np.cos(t), 0.58 * np.sin(t)], axis=1)
     if shape == "triangle":
         return np.array([[0, -1], [1, 0.8], [-1, 0.8]], dtype=float)
     if shape == "diamond":
         return np.array([[0, -1], [0.7, 0], [0, 1], [-0.7, 0]], dtype=float)
+    if shape == "pentagon":
+        return _regular(5) + [0, 0.1]
+    if shape == "hexagon":
+        return _regular(6, start=0.0)
     if shape == "star":
         k = np.arange(10)
         radius = np.where(k % 2 == 0, 1.0, 0.45)
@@ -45,6 +61,20 @@ def _unit_polygon(shape: str) -> np.ndarray:
             [-a, -b], [a, -b], [a, -a], [b, -a], [b, a], [a, a],
             [a, b], [-a, b], [-a, a], [-b, a], [-b, -a], [-a, -a],
         ])
+    if shape == "heart":
+        t = np.linspace(0, 2 * np.pi, 48, endpoint=False)
+        x = 16 * np.sin(t) ** 3
+        y = -(13 * np.cos(t) - 5 * np.cos(2 * t) - 2 * np.cos(3 * t) - np.cos(4 * t))
+        return np.stack([x / 17, (y + 2.5) / 17], axis=1)
+    if shape == "crescent":  # the outer circle's arc, then the inner (offset) circle's arc back
+        outer = np.linspace(np.pi * 0.32, np.pi * 1.68, 30)
+        inner = np.linspace(np.pi * 1.45, np.pi * 0.55, 24)
+        return np.concatenate([
+            np.stack([np.cos(outer), np.sin(outer)], axis=1),
+            np.stack([0.45 + 0.82 * np.cos(inner), 0.82 * np.sin(inner)], axis=1)])
+    if shape == "arrow":
+        return np.array([[1, 0], [0.15, -0.8], [0.15, -0.32], [-1, -0.32], [-1, 0.32],
+                         [0.15, 0.32], [0.15, 0.8]], dtype=float)
     raise ValueError(f"no polygon for shape {shape!r}")
 
 
@@ -59,30 +89,25 @@ def _window(obj: SceneObject, canvas: int) -> tuple[int, int, int, int]:
 
 
 def _draw_mask(obj: SceneObject, window: tuple[int, int, int, int], outline: bool) -> np.ndarray:
-    """Binary coverage of the object inside ``window`` of the supersampled canvas, float32."""
+    """Coverage of the object (or of its outline) inside ``window`` of the supersampled canvas."""
     x0, y0, x1, y1 = window
     img = Image.new("L", (x1 - x0, y1 - y0), 0)
     draw = ImageDraw.Draw(img)
     s = SUPERSAMPLE
     half = obj.side / 2 * s
     cx, cy = obj.cx * s - x0, obj.cy * s - y0
-    width = max(int(round(obj.side * s * 0.14)), 2 * s)
     if obj.shape == "circle":
-        bbox = [cx - half, cy - half, cx + half, cy + half]
-        if outline:
-            draw.ellipse(bbox, outline=255, width=width)
-        else:
-            draw.ellipse(bbox, fill=255)
+        draw.ellipse([cx - half, cy - half, cx + half, cy + half], fill=255)
     else:
         theta = np.deg2rad(obj.rotation)
         rot = np.array([[np.cos(theta), -np.sin(theta)], [np.sin(theta), np.cos(theta)]])
         pts = _unit_polygon(obj.shape) @ rot.T * half + [cx, cy]
-        xy = [(float(x), float(y)) for x, y in pts]
-        if outline:
-            draw.polygon(xy, outline=255, width=width)
-        else:
-            draw.polygon(xy, fill=255)
-    return np.asarray(img, dtype=np.float32) / 255.0
+        draw.polygon([(float(x), float(y)) for x, y in pts], fill=255)
+    mask = np.asarray(img)
+    if outline:  # the shape minus its erosion: a band of even width along the border
+        width = max(int(round(obj.side * s * 0.14)), 2 * s)
+        mask = mask - ndimage.minimum_filter(mask, size=2 * width + 1, mode="constant")
+    return mask.astype(np.float32) / 255.0
 
 
 def _texture(obj: SceneObject, window: tuple[int, int, int, int], tone: str, scale: float) -> np.ndarray:
@@ -93,12 +118,14 @@ def _texture(obj: SceneObject, window: tuple[int, int, int, int], tone: str, sca
     second = base * 0.35 if tone == "light" else base * 0.4 + 255 * 0.6
     out = np.empty((y1 - y0, x1 - x0, 3), dtype=np.float32)
     out[:] = base
-    if obj.texture in ("striped", "dotted"):
+    if obj.texture in ("striped", "dotted", "checkered"):
         s = SUPERSAMPLE
         yy, xx = np.mgrid[y0:y1, x0:x1].astype(np.float32) / s  # output-pixel coordinates
-        period = 4.0 * scale  # pixels of the output image; 2-px stripes are visible at 64 x 64
+        period = 4.0 * scale  # pixels of the output image: 2-px stripes at 96 x 96
         if obj.texture == "striped":
             on = np.mod(xx + yy, period * 1.2) < period * 0.6
+        elif obj.texture == "checkered":
+            on = (np.floor((xx - obj.cx) / (period * 0.6)) + np.floor((yy - obj.cy) / (period * 0.6))) % 2 == 0
         else:
             dx = np.mod(xx - obj.cx, period) - period / 2
             dy = np.mod(yy - obj.cy, period) - period / 2
@@ -139,7 +166,7 @@ def render_scene(scene: Scene, rng: np.random.Generator) -> Rendering:
         fill = _draw_mask(obj, window, outline=False)
         mask = _draw_mask(obj, window, outline=True) if obj.texture == "outlined" else fill
         mask = mask[..., None]  # (h, w, 1)
-        texture = _texture(obj, window, scene.background.tone, size / 64)
+        texture = _texture(obj, window, scene.background.tone, size / 96)
         # compose on the supersampled window only, then box-filter it back into the image
         under = image[y0 // s:y1 // s, x0 // s:x1 // s]
         under = np.repeat(np.repeat(under, s, axis=0), s, axis=1)  # (h, w, 3)

@@ -3,6 +3,8 @@
 A caption's meaning is a conjunction of clauses, stored as JSON-ready dicts so that ``scenes.json``
 carries them verbatim. A *description* ``desc`` maps some of the attributes in
 :data:`~icr.data.synthetic.world.ATTRIBUTES` to values; an object matches it when it has all of them.
+The value of ``shape`` is a concept (:data:`~icr.data.synthetic.lexicon.SHAPE_CONCEPTS`): a shape, or
+a hypernym ("polygon") that an object matches when its shape is one of the hypernym's.
 
 ===============  =================================================  ===============================
 kind             fields                                             true of a scene when
@@ -11,7 +13,8 @@ kind             fields                                             true of a sc
 ``count``        ``desc``, ``n``                                    exactly ``n`` objects match
 ``relation``     ``rel``, ``a``, ``b`` (descs)                      objects x != y match ``a``, ``b``
                                                                     and ``rel`` holds for (x, y)
-``background``   ``tone``                                           the background has that tone
+``background``   ``tone`` and/or ``hue``                            the background has that tone
+                                                                    and hue
 ``total``        ``n``                                              the scene has exactly ``n`` objects
 ===============  =================================================  ===============================
 
@@ -26,16 +29,35 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from icr.data.synthetic.world import ATTRIBUTES, RELATIONS, Scene, SceneObject, relation_holds
+from icr.data.synthetic.lexicon import SHAPE_CONCEPTS
+from icr.data.synthetic.world import (
+    ATTRIBUTES,
+    RELATIONS,
+    Scene,
+    SceneObject,
+    relation_holds,
+    relation_of_offsets,
+)
 
 Desc = Mapping[str, str]
 Clause = Mapping[str, object]
 Meaning = Sequence[Clause]
 
 
+BACKGROUND_FIELDS = ("tone", "hue")
+
+
 def matches(obj: SceneObject, desc: Desc) -> bool:
-    """Whether ``obj`` has every attribute value named in ``desc``."""
-    return all(obj.attribute(name) == value for name, value in desc.items())
+    """Whether ``obj`` has every attribute value named in ``desc`` (a shape concept by extension)."""
+    return all(obj.shape in SHAPE_CONCEPTS[value] if name == "shape" else obj.attribute(name) == value
+               for name, value in desc.items())
+
+
+def background_matches(scene: Scene, clause: Clause) -> bool:
+    """Whether the background has the tone and hue a ``background`` clause names (either may be
+    absent)."""
+    bg = scene.background
+    return all(getattr(bg, f) == clause[f] for f in BACKGROUND_FIELDS if f in clause)
 
 
 def clause_holds(clause: Clause, scene: Scene) -> bool:
@@ -53,7 +75,7 @@ def clause_holds(clause: Clause, scene: Scene) -> bool:
             for i, x in enumerate(objects) for j, y in enumerate(objects)
         )
     if kind == "background":
-        return scene.background.tone == clause["tone"]
+        return background_matches(scene, clause)
     if kind == "total":
         return len(objects) == clause["n"]
     raise ValueError(f"unknown clause kind {kind!r}")
@@ -68,8 +90,9 @@ class TruthTable:
     """Decide meanings against a fixed list of scenes at once.
 
     Objects are laid out as ``(N, K)`` attribute-code arrays (``K`` = most objects in a scene,
-    padded with -1) and the relations as ``(N, K, K)`` boolean arrays, so one meaning costs a few
-    vectorised operations whatever ``N``.
+    padded with -1) and the relations as ``(N, K, K)`` boolean arrays computed from the centres by
+    the same definition as :func:`~icr.data.synthetic.world.relation_holds`, so one meaning costs a
+    few vectorised operations whatever ``N``.
     """
 
     def __init__(self, scenes: Sequence[Scene]) -> None:
@@ -77,17 +100,23 @@ class TruthTable:
         k = max((len(s.objects) for s in scenes), default=1) or 1
         self._codes: dict[str, dict[str, int]] = {a: {} for a in ATTRIBUTES}
         self._attr = {a: np.full((n, k), -1, dtype=np.int32) for a in ATTRIBUTES}
-        self._rel = {r: np.zeros((n, k, k), dtype=bool) for r in RELATIONS}
+        centres = np.full((n, k, 2), np.nan)
         self.num_objects = np.array([len(s.objects) for s in scenes], dtype=np.int64)
-        self._tone = np.array([s.background.tone for s in scenes])
+        self._background = {f: np.array([getattr(s.background, f) for s in scenes])
+                            for f in BACKGROUND_FIELDS}
         for i, scene in enumerate(scenes):
             for p, obj in enumerate(scene.objects):
                 for a in ATTRIBUTES:
                     self._attr[a][i, p] = self._code(a, obj.attribute(a))
-                for q, other in enumerate(scene.objects):
-                    if p != q:
-                        for r in RELATIONS:
-                            self._rel[r][i, p, q] = relation_holds(r, obj, other, scene.size)
+                centres[i, p] = obj.cx, obj.cy
+        size = scenes[0].size if scenes else 1
+        if any(s.size != size for s in scenes):
+            raise ValueError("a TruthTable needs scenes of one image size")
+        dx = centres[:, None, :, 0] - centres[:, :, None, 0]  # (N, K, K): [i, p, q] = q.cx - p.cx
+        dy = centres[:, None, :, 1] - centres[:, :, None, 1]
+        distinct = ~np.eye(k, dtype=bool)[None]  # an object is in no relation with itself
+        with np.errstate(invalid="ignore"):  # NaN offsets of padding compare False
+            self._rel = {r: relation_of_offsets(r, dx, dy, size) & distinct for r in RELATIONS}
         self._shape = (n, k)
 
     def _code(self, attribute: str, value: str) -> int:
@@ -96,8 +125,13 @@ class TruthTable:
     def _match(self, desc: Desc) -> np.ndarray:
         out = self._attr["shape"] >= 0  # (N, K) real objects
         for name, value in desc.items():
-            code = self._codes[name].get(value, -2)  # -2: a value no scene has
-            out = out & (self._attr[name] == code)
+            if name == "shape":
+                codes = [self._codes["shape"][s] for s in SHAPE_CONCEPTS[value]
+                         if s in self._codes["shape"]]
+                out = out & np.isin(self._attr["shape"], codes)
+            else:
+                code = self._codes[name].get(value, -2)  # -2: a value no scene has
+                out = out & (self._attr[name] == code)
         return out
 
     def clause(self, clause: Clause) -> np.ndarray:
@@ -112,7 +146,11 @@ class TruthTable:
             b = self._match(clause["b"])[:, None, :]  # (N, 1, K)
             return (a & b & self._rel[clause["rel"]]).any(axis=(1, 2))
         if kind == "background":
-            return self._tone == clause["tone"]
+            out = np.ones(self._shape[0], dtype=bool)
+            for f in BACKGROUND_FIELDS:
+                if f in clause:
+                    out &= self._background[f] == clause[f]
+            return out
         if kind == "total":
             return self.num_objects == clause["n"]
         raise ValueError(f"unknown clause kind {kind!r}")

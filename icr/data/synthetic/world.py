@@ -1,13 +1,16 @@
-"""The shapes world: the vocabulary of attributes, scenes, and how scenes are sampled.
+"""The shapes world: the attributes of objects, scenes, and how scenes are sampled.
 
-A scene is a background plus 1 to 4 objects. Each object has a shape, a colour, a size, a texture and
-a position; the position words (``left``/``centre``/``right``, ``top``/``middle``/``bottom``) are
-derived from the sampled centre, never sampled on their own, so they always agree with the pixels.
-Objects sit in distinct cells of a 3 x 3 grid (with jitter) and overlap little, so that every object
-stays recognisable at 64 x 64 and a full description (with position) picks out exactly one object.
+A scene is a background (a tone and a hue) plus 3 to 8 objects, as a COCO image holds several
+objects (7.7 instances of 3.5 categories on average, Lin et al., ECCV 2014, Sec. 5). Each object has
+a shape, a colour, a size, a texture and a position; the position words (``left``/``centre``/
+``right``, ``top``/``middle``/``bottom``) are derived from the sampled centre, never sampled on their
+own, so they always agree with the pixels. Objects sit in distinct cells of a 4 x 4 grid (with
+jitter) and overlap little, so that every object stays recognisable at 96 x 96; two objects can share
+a position word pair, as two people in a photo can both be "on the left".
 
 Spatial relations are numeric predicates on centres (:func:`relation_holds`); the caption checker
-and the caption sampler both use them, so a caption's truth is decided by one definition.
+and the caption sampler both use them, so a caption's truth is decided by one definition. The words
+for every value are in :mod:`.lexicon`.
 """
 
 from __future__ import annotations
@@ -16,28 +19,35 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-SHAPES = ("circle", "square", "triangle", "diamond", "star", "cross")
-COLOURS = {  # name -> base RGB; far apart in hue so that colour words stay unambiguous
+from icr.data.synthetic.lexicon import BACKGROUND_HUES, SHAPES
+
+COLOURS = {  # name -> base RGB; far apart in hue or brightness so that colour words stay clear
     "red": (214, 39, 40),
-    "green": (44, 160, 44),
-    "blue": (40, 80, 220),
-    "yellow": (236, 214, 32),
-    "purple": (136, 60, 190),
     "orange": (245, 130, 20),
+    "yellow": (236, 214, 32),
+    "green": (44, 160, 44),
     "cyan": (30, 200, 215),
+    "blue": (40, 80, 220),
+    "purple": (136, 60, 190),
     "pink": (245, 120, 185),
+    "brown": (140, 86, 40),
+    "grey": (128, 128, 128),
 }
 SIZES = ("small", "medium", "large")
-SIZE_PIXELS = {"small": 11.0, "medium": 16.0, "large": 22.0}  # box side at 64 px, scaled with size
-TEXTURES = ("solid", "striped", "dotted", "outlined")
+SIZE_FRACTION = {"small": 0.12, "medium": 0.17, "large": 0.23}  # box side / image side
+TEXTURES = ("solid", "striped", "dotted", "outlined", "checkered")
 HPOS = ("left", "centre", "right")
 VPOS = ("top", "middle", "bottom")
 TONES = ("dark", "light")
+HUES = BACKGROUND_HUES
 ATTRIBUTES = ("shape", "colour", "size", "texture", "hpos", "vpos")
 RELATIONS = ("left_of", "right_of", "above", "below", "next_to")
+GRID = 4  # objects sit in distinct cells of a GRID x GRID grid
+OBJECT_COUNTS = (3, 4, 5, 6, 7, 8)
+OBJECT_COUNT_PROBS = (0.12, 0.2, 0.22, 0.2, 0.15, 0.11)  # mean 5.3 objects
 
 MIN_OFFSET = 0.125  # relations left/right/above/below need centres this far apart (fraction of W)
-NEXT_TO = 0.45  # next_to: centre distance at most this (fraction of W)
+NEXT_TO = 0.3  # next_to: centre distance at most this (fraction of W)
 MAX_OVERLAP = 0.12  # intersection / smaller box area allowed between two objects
 
 
@@ -77,6 +87,7 @@ class SceneObject:
 @dataclass(frozen=True)
 class Background:
     tone: str
+    hue: str
     rgb: tuple[int, int, int]
     noise: float  # std of the per-pixel Gaussian noise, in 0..255 units
     gradient: float  # strength of a linear brightness ramp, in 0..255 units
@@ -127,7 +138,14 @@ def position_words(cx: float, cy: float, size: int) -> tuple[str, str]:
 
 def relation_holds(rel: str, a: SceneObject, b: SceneObject, size: int) -> bool:
     """Whether ``a rel b`` holds, e.g. ``left_of``: a's centre is clearly left of b's."""
-    dx, dy, gap = b.cx - a.cx, b.cy - a.cy, MIN_OFFSET * size
+    return bool(relation_of_offsets(rel, b.cx - a.cx, b.cy - a.cy, size))
+
+
+def relation_of_offsets(rel: str, dx: np.ndarray | float, dy: np.ndarray | float, size: int
+                        ) -> np.ndarray | bool:
+    """The definition of the relations on centre offsets ``dx = b.cx - a.cx``, ``dy = b.cy - a.cy``
+    (scalars or arrays of any shape): whether ``a rel b``."""
+    gap = MIN_OFFSET * size
     if rel == "left_of":
         return dx >= gap
     if rel == "right_of":
@@ -137,7 +155,7 @@ def relation_holds(rel: str, a: SceneObject, b: SceneObject, size: int) -> bool:
     if rel == "below":
         return -dy >= gap
     if rel == "next_to":
-        return float(np.hypot(dx, dy)) <= NEXT_TO * size
+        return np.hypot(dx, dy) <= NEXT_TO * size
     raise ValueError(f"unknown relation {rel!r}; valid: {', '.join(RELATIONS)}")
 
 
@@ -150,13 +168,21 @@ def _overlap(a: tuple, b: tuple) -> float:
     return iw * ih / smaller
 
 
+def background_rgb(tone: str, hue: str, rng: np.random.Generator) -> tuple[int, int, int]:
+    """A dark or light shade of a hue: the hue's colour darkened or mixed with white, jittered."""
+    base = np.asarray(COLOURS[hue], dtype=float)
+    if tone == "dark":
+        rgb = base * rng.uniform(0.18, 0.32)
+    else:
+        rgb = base * rng.uniform(0.15, 0.3) + 255 * rng.uniform(0.62, 0.78)
+    return tuple(int(v) for v in np.clip(np.rint(rgb + rng.uniform(-6, 6, size=3)), 0, 255))
+
+
 def _sample_background(rng: np.random.Generator) -> Background:
     tone = TONES[int(rng.integers(len(TONES)))]
-    base = rng.uniform(15, 70) if tone == "dark" else rng.uniform(185, 240)
-    tint = rng.uniform(-12, 12, size=3)
-    rgb = tuple(int(np.clip(round(base + t), 0, 255)) for t in tint)
+    hue = HUES[int(rng.integers(len(HUES)))]
     return Background(
-        tone=tone, rgb=rgb, noise=float(rng.uniform(0, 10)),
+        tone=tone, hue=hue, rgb=background_rgb(tone, hue, rng), noise=float(rng.uniform(0, 8)),
         gradient=float(rng.uniform(0, 25)), angle=float(rng.uniform(0, 2 * np.pi)),
     )
 
@@ -166,26 +192,24 @@ def _sample_object(rng: np.random.Generator, cell: int, size: int) -> SceneObjec
     colour = list(COLOURS)[int(rng.integers(len(COLOURS)))]
     size_word = SIZES[int(rng.integers(len(SIZES)))]
     texture = TEXTURES[int(rng.integers(len(TEXTURES)))]
-    scale = size / 64
-    side = SIZE_PIXELS[size_word] * scale * float(rng.uniform(0.92, 1.08))
-    third = size / 3
-    # the centre stays well inside its cell so the position word is not a coin flip at a border
-    cx = (cell % 3 + 0.5) * third + float(rng.uniform(-0.28, 0.28)) * third
-    cy = (cell // 3 + 0.5) * third + float(rng.uniform(-0.28, 0.28)) * third
+    side = SIZE_FRACTION[size_word] * size * float(rng.uniform(0.92, 1.08))
+    step = size / GRID
+    cx = (cell % GRID + 0.5) * step + float(rng.uniform(-0.3, 0.3)) * step
+    cy = (cell // GRID + 0.5) * step + float(rng.uniform(-0.3, 0.3)) * step
     half = side / 2 + 1
     cx, cy = float(np.clip(cx, half, size - half)), float(np.clip(cy, half, size - half))
     rgb = tuple(int(np.clip(c + rng.integers(-14, 15), 0, 255)) for c in COLOURS[colour])
-    rotation = float(rng.uniform(-12, 12)) if shape in ("square", "triangle", "star", "cross") else 0.0
+    rotation = 0.0 if shape == "circle" else float(rng.uniform(-12, 12))
     # rounded here, not only in the JSON, so a scene read back from scenes.json is the same scene
     cx, cy, side, rotation = (round(v, 3) for v in (cx, cy, side, rotation))
     hpos, vpos = position_words(cx, cy, size)
     return SceneObject(shape, colour, size_word, texture, cx, cy, side, rotation, rgb, hpos, vpos)
 
 
-def sample_scene(rng: np.random.Generator, size: int = 64, max_objects: int = 4) -> Scene:
-    """Sample a background and 1..max_objects objects in distinct grid cells, overlapping little."""
-    n = int(rng.choice(np.arange(1, max_objects + 1), p=_count_probs(max_objects)))
-    cells = rng.permutation(9)[:n]
+def sample_scene(rng: np.random.Generator, size: int = 96) -> Scene:
+    """Sample a background and 3..8 objects in distinct grid cells, overlapping little."""
+    n = int(rng.choice(OBJECT_COUNTS, p=OBJECT_COUNT_PROBS))
+    cells = rng.permutation(GRID * GRID)[:n]
     objects: list[SceneObject] = []
     for cell in cells:
         for _ in range(20):
@@ -195,8 +219,3 @@ def sample_scene(rng: np.random.Generator, size: int = 64, max_objects: int = 4)
                 break
         # a cell whose object keeps colliding is left empty: the scene has one object fewer
     return Scene(size=size, background=_sample_background(rng), objects=tuple(objects))
-
-
-def _count_probs(max_objects: int) -> np.ndarray:
-    p = np.array([0.2, 0.3, 0.3, 0.2][:max_objects], dtype=float)
-    return p / p.sum()

@@ -23,6 +23,7 @@ when complete: everything is written to a hidden temporary sibling that is renam
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -50,7 +51,7 @@ from icr.data.entities import (
 from icr.data.karpathy import write_karpathy_json
 from icr.data.precomp import write_precomp
 from icr.data.relevance import save_relevance
-from icr.data.synthetic.grammar import BACKGROUND_KEY, Caption, sample_captions
+from icr.data.synthetic.grammar import BACKGROUND_KEY, Caption, Specificity, sample_captions
 from icr.data.synthetic.regions import RegionFeatureExtractor, crop_regions, region_boxes
 from icr.data.synthetic.relevance import caption_relevance
 from icr.data.synthetic.render import render_scene
@@ -61,12 +62,15 @@ from icr.errors import DataError
 logger = logging.getLogger(__name__)
 
 # shapes-2: adds relevance/; every other file is as in shapes-1 (but for this version string)
-GENERATOR_VERSION = "shapes-2"
+# shapes-3: calibrated to COCO (benchmarks/benchmark_realism.py): 3-8 objects at 96 x 96, a larger
+#   lexicon with synonyms and hypernyms, specific captions, 36 BUTD-like regions, background hues
+GENERATOR_VERSION = "shapes-3"
 DATASET_NAME = "shapes"
 SPLITS = ("train", "val", "test")
 CXC_PREFIX = "shapes"
 RELEVANCE_DIR = "relevance"
-CHAINS_PER_IMAGE = 32  # chain id = imgid * 32 + key, key in 1..16 (grammar chain keys)
+CHAINS_PER_IMAGE = 512  # chain id = imgid * 512 + key, key in 1..256 (grammar chain keys)
+REFERENCE_SCENES = 2000  # scenes the specificity of captions is decided against
 _BLOCK = 250  # images per work unit
 
 
@@ -78,8 +82,8 @@ class Preset:
     train: int
     val: int
     test: int
-    image_size: int = 64
-    regions: int = 8  # R: boxes per image in the precomputed features
+    image_size: int = 96
+    regions: int = 36  # R: boxes per image in the precomputed features (BUTD: 36)
     feature_dim: int = 128  # D
     captions_per_image: int = 5
 
@@ -129,12 +133,21 @@ def get_preset(name: str) -> Preset:
     return PRESETS[name]
 
 
+@functools.lru_cache(maxsize=2)
+def reference_specificity(seed: int, image_size: int) -> Specificity:
+    """The reference scenes captions are made specific against (:mod:`.grammar`, step 2): drawn
+    from the world's distribution with a stream of ``seed`` that no image uses."""
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 2**32 - 1]))
+    return Specificity([sample_scene(rng, size=image_size) for _ in range(REFERENCE_SCENES)])
+
+
 def generate_image(seed: int, imgid: int, split: str, preset: Preset) -> GeneratedImage:
     """One image from independent streams (scene, pixels, captions, regions) of ``(seed, imgid)``."""
     streams = [np.random.default_rng(s) for s in np.random.SeedSequence([seed, imgid]).spawn(4)]
     scene = sample_scene(streams[0], size=preset.image_size)
     rendering = render_scene(scene, streams[1])
-    captions = sample_captions(scene, streams[2], k=preset.captions_per_image)
+    captions = sample_captions(scene, streams[2], k=preset.captions_per_image,
+                               specificity=reference_specificity(seed, preset.image_size))
     boxes, owner = region_boxes(list(rendering.boxes), preset.image_size, preset.regions, streams[3])
     return GeneratedImage(imgid, split, scene, rendering.pixels, rendering.boxes, captions, boxes, owner)
 
