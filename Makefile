@@ -14,12 +14,15 @@ export HF_HUB_OFFLINE := 1
 
 install: $(STAMP)
 
+# pip's -qq prints errors only: setuptools' notes on editable installs and pip's warnings about
+# configured package locations that lack a package are noise here, and a failed install still
+# prints its error and stops make. torch: the release the machine provides (local disk on the
+# project's machines), never a newer one.
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	# The torch release the machine provides (local disk on the project's machines); never a newer one.
-	$(BIN)/pip install -q torch==2.14.1 torchvision==0.29.1
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -qq --upgrade pip
+	$(BIN)/pip install -qq torch==2.14.1 torchvision==0.29.1
+	$(BIN)/pip install -qq -e '.[dev]'
 	touch $(STAMP)
 
 study: install

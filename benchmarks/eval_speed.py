@@ -5,7 +5,8 @@
 
 (a) floor: one similarity product plus a top-10 over it (what any evaluation must pay);
 (b) full: the similarity product plus ``retrieval_metrics`` with every metric (Recall@k, medr,
-    meanr, R-precision, mAP@5, nDCG@25 from a relevance matrix, CxC Recall@k and R-precision);
+    meanr, R-precision, mAP@5, nDCG@25 from a relevance matrix, CxC Recall@k, R-precision and
+    mAP@R);
     (b0) is the same without the relevance matrix and CxC (Recall@k, ranks, R-precision, mAP@5);
 (c) loop: the same protocol one query at a time in numpy, VSE++ style (similarities of one query,
     argsort, look up the positives); timed on a subset of queries and extrapolated linearly.
@@ -67,15 +68,18 @@ def core(s: dict) -> dict[str, float]:
 
 
 def _loop_query(scores: np.ndarray, positives: set[int], extended: set[int]) -> dict[str, float]:
-    """Per-query metrics from a full argsort: ranks, R-precision, AP@5, CxC (the naive protocol)."""
+    """Per-query metrics from a full argsort: ranks, R-precision, AP@5, CxC with mAP@R (the naive
+    protocol)."""
     order = np.argsort(-scores, kind="stable")
     ranks = np.sort(np.nonzero(np.isin(order, list(positives)))[0] + 1)
-    cxc = np.nonzero(np.isin(order, list(positives | extended)))[0] + 1
+    cxc = np.nonzero(np.isin(order, list(positives | extended)))[0] + 1  # sorted ranks
     top5 = ranks[ranks <= 5]
+    in_r = cxc[cxc <= len(cxc)]
     return dict(
         best=ranks[0], rprec=np.mean(ranks <= len(ranks)),
         ap5=np.sum(np.arange(1, len(top5) + 1) / top5) / min(5, len(ranks)),
-        cxc_best=cxc.min(), cxc_rprec=np.mean(cxc <= len(cxc)), order=order,
+        cxc_best=cxc.min(), cxc_rprec=np.mean(cxc <= len(cxc)),
+        cxc_map_at_r=np.sum(np.arange(1, len(in_r) + 1) / in_r) / len(cxc), order=order,
     )  # fmt: skip
 
 

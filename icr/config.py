@@ -190,6 +190,10 @@ class GroundingConfig:
                                choices=("pieces", "mean"))
     max_words: int = _field(6, "nouns and adjectives used per training caption", low=1)
     max_regions: int = _field(0, "regions per image (0 = all)", low=0)
+    box_convention: str = _field(
+        "infoground", "boxes in IoU and pointing: infoground (+1-pixel areas, centre strictly "
+        "inside, as info-ground evaluates) or continuous", choices=("infoground", "continuous"),
+    )
     key_dim: int = _field(384, "size of the word and region keys and values", low=1)
     negatives: str = _field("context", "negative captions of L_lang (none: L_img only)",
                             registry=_REG["negatives"])

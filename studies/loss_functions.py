@@ -93,7 +93,8 @@ COCOS_TABLE = Table(
     (*_cocos_columns("i2t"), *_cocos_columns("t2i")), test=None,
     caption="training set, best checkpoint, batches of 128 pairs (SmoothAP: 128 images with their "
             "captions); C^q: contributing candidates per query that has any, over those queries "
-            "and over all; C^0: queries with none; means over batches",
+            "(a batch with none counts 0, as in the paper's notebooks) and over all; C^0: "
+            "queries with none; means over batches",
 )
 
 STUDY = Study(

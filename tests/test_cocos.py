@@ -16,6 +16,7 @@ from icr.analysis.cocos import (
     build_counter,
     cocos_over_split,
     smoothap_contributing_counts,
+    summarize_batches,
     triplet_active_counts,
 )
 from icr.data.sampler import ImageBatchSampler, PairBatchSampler
@@ -30,6 +31,7 @@ SIMS_3X3 = torch.tensor([[0.9, 0.8, 0.1], [0.25, 0.5, 0.6], [0.2, 0.4, 0.7]], dt
 def _summary(prefix, contributing, contributing_all, total, zero):
     return {
         f"{prefix}contributing": contributing,
+        f"{prefix}contributing_nonempty": contributing,
         f"{prefix}contributing_all": contributing_all,
         f"{prefix}batch_total": total,
         f"{prefix}zero_queries": zero,
@@ -94,6 +96,7 @@ def test_ntxent_hand_counts_and_loop_weights():
         counts, weights, positives = (np.array(x, dtype=float) for x in loop[d])
         assert got[f"{d}_contributing_all"] == pytest.approx(counts.mean())
         assert got[f"{d}_contributing"] == pytest.approx(counts[counts > 0].mean())
+        assert got[f"{d}_contributing_nonempty"] == got[f"{d}_contributing"]
         assert got[f"{d}_zero_queries"] == (counts == 0).sum()
         assert got[f"{d}_negative_weight"] == pytest.approx(weights.mean(), rel=1e-12)
         assert got[f"{d}_positive_weight"] == pytest.approx(positives.mean(), rel=1e-12)
@@ -202,6 +205,7 @@ def test_over_split_is_mean_and_std_over_training_batches(loss, options, batches
     } == set(got)
     for key in rows[0]:
         values = np.array([row[key] for row in rows])
+        assert not np.isnan(values).any() or key.endswith("_contributing_nonempty")
         values = values[~np.isnan(values)]
         assert got[f"cocos_{key}_mean"] == pytest.approx(values.mean(), rel=1e-12)
         assert got[f"cocos_{key}_std"] == pytest.approx(values.std(), rel=1e-12, abs=1e-12)
@@ -213,4 +217,32 @@ def test_over_split_of_a_perfect_encoder_counts_no_triplet():
     images = torch.eye(16, dtype=torch.float64)
     got = cocos_over_split(images, images[caption_image], caption_image, "triplet", batch_size=8)
     assert got["cocos_i2t_zero_queries_mean"] == 8 and got["cocos_t2i_batch_total_mean"] == 0
-    assert math.isnan(got["cocos_i2t_contributing_mean"])  # no batch has a contributing query
+    assert got["cocos_i2t_contributing_mean"] == 0.0  # no batch has a contributing query: 0s
+    assert got["cocos_i2t_contributing_std"] == 0.0
+    assert math.isnan(got["cocos_i2t_contributing_nonempty_mean"])  # nothing left to average
+
+
+# SmoothAP batches where caption queries (one positive each) have no contributing image: with
+# tau 0.01, a caption's own image 0.6 or more above the other gives G' < 1e-20.
+#   batch A = SMOOTHAP_MATRIX: caption c0 ties A with B -> C^q = 1, the others 0: t2i C^q 1.0
+#   batch B: every caption far from the other image -> no caption query contributes
+SMOOTHAP_FAR = torch.tensor([[0.9, 0.9, 0.1, 0.0], [0.2, 0.1, 0.9, 0.95]], dtype=torch.float64)
+
+
+def test_batches_without_a_contributing_query_count_zero_in_the_mean():
+    sims_a, ids = _smoothap_pairs()
+    sims_b = SMOOTHAP_FAR[SMOOTHAP_CAPTION_IMAGE]
+    counter = COCOS_COUNTERS.get("smoothap")
+    row_a, row_b = counter(sims_a, ids, tau=0.01), counter(sims_b, ids, tau=0.01)
+    assert row_b["t2i_zero_queries"] == 4 and row_b["t2i_contributing"] == 0.0
+    assert math.isnan(row_b["t2i_contributing_nonempty"])
+    got = summarize_batches([row_a, row_b, row_b])
+    # the notebooks' mean over batches: (1 + 0 + 0) / 3, std of (1, 0, 0)
+    assert got["cocos_t2i_contributing_mean"] == pytest.approx(1 / 3)
+    assert got["cocos_t2i_contributing_std"] == pytest.approx(math.sqrt(2) / 3)
+    # the batches that have a contributing query only: batch A
+    assert got["cocos_t2i_contributing_nonempty_mean"] == 1.0
+    assert got["cocos_t2i_contributing_nonempty_std"] == 0.0
+    # image queries contribute in every batch (each image's positives score close): equal means
+    assert got["cocos_i2t_contributing_mean"] == got["cocos_i2t_contributing_nonempty_mean"]
+    assert got["cocos_batches"] == 3

@@ -59,7 +59,7 @@ def test_hand_built_split(tmp_path):
     split = load_grounding(feats, ents, "val", features_split="dev")
     assert split.image_ids == ("img2", "img1")
     np.testing.assert_array_equal(split.region_features, ims[[1, 0]])
-    np.testing.assert_array_equal(split.region_boxes, raw[[1, 0]] + [0, 0, 1, 1])  # inclusive
+    np.testing.assert_array_equal(split.region_boxes, raw[[1, 0]])  # as stored
     assert split.region_mask.tolist() == [[True] * 4, [True, True, True, False]]
     assert split.image_sizes.tolist() == [[64, 64], [100, 80]]
     assert split.captions[0] == "A dog runs ." and split.caption_image.tolist() == [0, 1, 1]
@@ -70,10 +70,28 @@ def test_hand_built_split(tmp_path):
     assert split.phrase_caption.tolist() == [0, 1, 1, 2]
     assert split.phrase_first.tolist() == [0, 0, 3, 7] and split.phrase_end.tolist() == [2, 2, 6, 9]
     assert split.phrase_image.tolist() == [0, 1, 1, 1]
-    np.testing.assert_array_equal(split.phrase_boxes[1], [[10, 10, 20, 30], [50, 5, 60, 15]])
-    np.testing.assert_array_equal(split.phrase_boxes[0], [[0, 0, 64, 64], [0, 0, 0, 0]])
+    # annotation boxes 0-based inclusive, as the XML's 1-based values minus 1
+    np.testing.assert_array_equal(split.phrase_boxes[1], [[10, 10, 19, 29], [50, 5, 59, 14]])
+    np.testing.assert_array_equal(split.phrase_boxes[0], [[0, 0, 63, 63], [0, 0, 0, 0]])
     assert split.phrase_box_mask.tolist() == [[True, False], [True, True], [True, False],
                                               [True, True]]
+
+
+def test_boxes_in_each_convention(tmp_path):
+    feats, ents, _, raw = _write(tmp_path)
+    split = load_grounding(feats, ents, "val", features_split="dev")
+    regions, truth = split.boxes()  # infoground: every box as its file gives it
+    assert regions is split.region_boxes and truth is split.phrase_boxes
+    regions, truth = split.boxes("continuous")  # one past the last pixel
+    np.testing.assert_array_equal(regions, raw[[1, 0]])  # continuous detections stay
+    np.testing.assert_array_equal(truth[1], [[10, 10, 20, 30], [50, 5, 60, 15]])
+    inclusive = load_grounding(feats, ents, "val", features_split="dev",
+                               region_boxes_inclusive=True)
+    np.testing.assert_array_equal(inclusive.region_boxes, raw[[1, 0]])
+    np.testing.assert_array_equal(inclusive.boxes("infoground")[0], raw[[1, 0]])
+    np.testing.assert_array_equal(inclusive.boxes("continuous")[0], raw[[1, 0]] + [0, 0, 1, 1])
+    with pytest.raises(ValueError, match="box convention 'pixel' is unknown; valid: infoground"):
+        split.boxes("pixel")
 
 
 def test_selected_words_belong_to_phrases(tmp_path):
@@ -98,10 +116,9 @@ def test_options(tmp_path):
     feats, ents, ims, raw = _write(tmp_path)
     scene = load_grounding(feats, ents, "val", features_split="dev", scene_as_image=True)
     assert [p.words for p in scene.phrases[2]] == [("a", "blue", "sky"), ("the", "man")]
-    np.testing.assert_array_equal(scene.phrases[2][0].boxes, [[0, 0, 100, 80]])
+    np.testing.assert_array_equal(scene.phrases[2][0].boxes, [[0, 0, 99, 79]])
     assert scene.skipped == {"notvisual": 1, "no_box": 1}
-    few = load_grounding(feats, ents, "val", features_split="dev", max_regions=2,
-                         region_boxes_inclusive=False)
+    few = load_grounding(feats, ents, "val", features_split="dev", max_regions=2)
     assert few.region_features.shape == (2, 2, 5)
     np.testing.assert_array_equal(few.region_boxes, raw[[1, 0], :2])
 
@@ -162,10 +179,10 @@ def test_shapes_split_matches_the_generated_files(shapes):
             key = phrase.chain_id - record["imgid"] * CHAINS_PER_IMAGE
             objects = [o for k, o in enumerate(record["scene"]["objects"]) if key >> k & 1]
             assert len(phrase.boxes) == len(objects) > 0
-            for box, obj in zip(phrase.boxes, objects, strict=True):  # pixel cover of the bbox
-                x0, y0, x1, y1 = obj["bbox"]
+            for box, obj in zip(phrase.boxes, objects, strict=True):  # pixels the bbox covers
+                x0, y0, x1, y1 = obj["bbox"]  # inclusive: last pixel box[2], box[3]
                 assert box[0] <= x0 < box[0] + 1 and box[1] <= y0 < box[1] + 1
-                assert box[2] - 1 < x1 <= box[2] and box[3] - 1 < y1 <= box[3]
+                assert box[2] < x1 <= box[2] + 1 and box[3] < y1 <= box[3] + 1
     assert split.skipped["no_box"] > 0  # the background phrases
 
 
@@ -186,10 +203,11 @@ def test_attention_on_the_owner_region_finds_every_scored_phrase(shapes):
         wanted = [r for r in range(regions)
                   if owners[r] >= 0 and (key - imgid * CHAINS_PER_IMAGE) >> owners[r] & 1]
         attention[c, p] = np.eye(regions)[wanted[0]]
-    metrics = split.evaluate(attention, piece_word)
-    assert metrics["phrases"] == split.num_phrases > 0
-    assert metrics["unscored"] < 20
-    for name in ("R_at_1", "R_at_5", "R_at_10", "pointing"):
-        assert metrics[name] == pytest.approx(100 - metrics["unscored"])
+    for convention in ("infoground", "continuous"):
+        metrics = split.evaluate(attention, piece_word, box_convention=convention)
+        assert metrics["phrases"] == split.num_phrases > 0
+        assert metrics["unscored"] < 20
+        for name in ("R_at_1", "R_at_5", "R_at_10", "pointing"):
+            assert metrics[name] == pytest.approx(100 - metrics["unscored"]), (convention, name)
     uniform = split.evaluate(np.full_like(attention, 0.5), piece_word)  # ties rank misses first
     assert uniform["R_at_1"] == 0 and uniform["R_at_10"] < metrics["R_at_10"]

@@ -94,6 +94,23 @@ def test_evaluation_metrics_and_attention(data):
     torch.testing.assert_close(sums, torch.from_numpy(words.mask).float())
 
 
+def test_evaluation_reads_boxes_in_the_task_convention(data):
+    from icr.config import from_flat
+    from icr.metrics.grounding import BOX_CONVENTIONS
+
+    task = _task(data)
+    attention, piece_word = task.attention("val"), data.words["val"].piece_word
+    split = data.splits["val"]
+    for convention in BOX_CONVENTIONS:
+        metrics = _task(data, box_convention=convention).evaluate("val")
+        want = split.evaluate(attention, piece_word, box_convention=convention)
+        assert {k: metrics[k] for k in want} == want
+    assert task.evaluate("val")["pointing"] == split.evaluate(attention, piece_word)["pointing"]
+    assert from_flat({}).grounding.box_convention == "infoground"  # the reference's, by default
+    with pytest.raises(ValueError, match="grounding.box_convention"):
+        from_flat({"grounding.box_convention": "inclusive"})
+
+
 def test_training_lowers_the_image_loss(data):
     task = _task(data, lr=1e-2, epochs=6, max_steps_per_epoch=0)
     first = task.train_epoch(0)["train_L_img"]

@@ -34,7 +34,7 @@ def _query_stats(order: list[int], positives: set[int]) -> dict[str, float]:
     ``ap5`` divides by min(5, #positives) (``i2t_mAPnorm_at_5``); ``ap5_hits`` by the number of
     positives in the top 5, 0 without any (the ECIR code, ``i2t_mAP_at_5``).
     """
-    best, hits, ap, in_top_r, hits_at_5 = None, 0, 0.0, 0, 0
+    best, hits, ap, in_top_r, hits_at_5, ap_r = None, 0, 0.0, 0, 0, 0.0
     for rank, cand in enumerate(order, start=1):
         if cand not in positives:
             continue
@@ -43,9 +43,11 @@ def _query_stats(order: list[int], positives: set[int]) -> dict[str, float]:
         ap += hits / rank if rank <= 5 else 0.0
         hits_at_5 += rank <= 5
         in_top_r += rank <= len(positives)
+        ap_r += hits / rank if rank <= len(positives) else 0.0
     return {
         "best": best,
         "rprec": in_top_r / len(positives),
+        "map_r": ap_r / len(positives),
         "ap5": ap / min(5, len(positives)),
         "ap5_hits": ap / hits_at_5 if hits_at_5 else 0.0,
     }
@@ -92,12 +94,14 @@ def oracle(sims, caption_image, ks=KS, relevance=None, ext_i2t=None, ext_t2i=Non
         stats = [_query_stats(_ranking(s[i]), own[i] | set(ext_i2t[i])) for i in range(n_img)]
         out.update(_summary("cxc_i2t_", [q["best"] for q in stats], ks))
         out["cxc_i2t_rprec"] = 100.0 * np.mean([q["rprec"] for q in stats])
+        out["cxc_i2t_mAP_at_R"] = 100.0 * np.mean([q["map_r"] for q in stats])
     if ext_t2i is not None:
         stats = [
             _query_stats(_ranking(columns[j]), {cap_img[j], *ext_t2i[j]}) for j in range(n_cap)
         ]
         out.update(_summary("cxc_t2i_", [q["best"] for q in stats], ks))
         out["cxc_t2i_rprec"] = 100.0 * np.mean([q["rprec"] for q in stats])
+        out["cxc_t2i_mAP_at_R"] = 100.0 * np.mean([q["map_r"] for q in stats])
     return out
 
 
@@ -309,6 +313,23 @@ def test_extended_positives_hand_case():
     assert m["cxc_i2t_rprec"] == pytest.approx(100 * (2 / 3 + 0 / 2) / 2)
     assert m["cxc_t2i_R_at_1"] == 50.0  # duplicate own image in extended_t2i[3] is ignored
     assert m["cxc_t2i_rprec"] == pytest.approx(100 * (0 + 2 / 2 + 0 + 1) / 4)
+    # mAP@R: image 0 finds positives at 1 and 2 of R = 3 (P@1 = P@2 = 1), image 1 none in its
+    # top 2; captions 1 and 3 rank all their positives first, captions 0 and 2 none
+    assert m["cxc_i2t_mAP_at_R"] == pytest.approx(100 * ((1 + 1) / 3 + 0) / 2)
+    assert m["cxc_t2i_mAP_at_R"] == pytest.approx(100 * (0 + 1 + 0 + 1) / 4)
+
+
+def test_map_at_r_hand_cases():
+    from icr.metrics.retrieval import map_at_r
+
+    # R = 3, ranking 0 (pos), 1, 2 (pos), 3, 4 (pos): (P@1 + P@3) / R = (1 + 2/3) / 3
+    scores = torch.tensor([[0.9, 0.8, 0.7, 0.6, 0.5]])
+    assert map_at_r(scores, torch.tensor([[4, 0, 2]])).item() == pytest.approx(5 / 9)
+    # ties: the negative 2 ranks before the positives 0 and 1 tied with it: ranks 2 and 3, R = 2
+    scores = torch.tensor([[0.5, 0.5, 0.5, 0.1], [0.5, 0.5, 0.1, 0.1]])
+    got = map_at_r(scores, torch.tensor([[0, 1], [1, -1]]))
+    assert got[0].item() == pytest.approx((1 / 2) / 2)
+    assert got[1].item() == 0.0  # one positive tied with a negative: rank 2 > R = 1
 
 
 @pytest.mark.parametrize(
@@ -379,6 +400,74 @@ def test_bad_inputs_raise_one_line(change, match):
     kwargs = dict(sims=torch.rand(2, 4), caption_image=torch.tensor([0, 1, 0, 1])) | change
     with pytest.raises(ValueError, match=match):
         retrieval_metrics(kwargs.pop("sims"), kwargs.pop("caption_image"), **kwargs)
+
+
+# ---------------------------------------------------------------- ECCV Caption's own functions
+
+
+def _eccv(scores: torch.Tensor, positives: list[set[int]]) -> dict[str, float]:
+    """mAP@R, R-Precision and R@1 by ``eccv_caption``, on rankings in the module's tie order
+    (score descending, negatives before positives, then by index)."""
+    from eccv_caption._metrics import compute_eccv_metrics
+
+    ranked = {
+        q: sorted(range(scores.shape[1]), key=lambda c: (-scores[q, c].item(), c in pos, c))
+        for q, pos in enumerate(positives)
+    }
+    return compute_eccv_metrics(ranked, {q: sorted(p) for q, p in enumerate(positives)})
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_extended_metrics_equal_eccv_caption(seed):
+    """Random similarities (tie-free), random extended positives: every query's mAP@R,
+    R-Precision and R@1 as the eccv-caption package computes them, in both directions."""
+    pytest.importorskip("eccv_caption")
+    g = torch.Generator().manual_seed(seed)
+    sims, caption_image, _ = _random_split([5] * 30, seed=seed, signal=2.0)
+    sims = sims + torch.rand(sims.shape, generator=g) * 0.5  # still tie-free: integers + < 1
+    n_img, n_cap = sims.shape
+    ext_i2t = [torch.randint(n_cap, (int(torch.randint(12, (1,), generator=g)),), generator=g)
+               .tolist() for _ in range(n_img)]
+    ext_t2i = [torch.randint(n_img, (int(torch.randint(6, (1,), generator=g)),), generator=g)
+               .tolist() for _ in range(n_cap)]
+    got = retrieval_metrics(sims, caption_image, ks=(1,), extended_i2t=ext_i2t,
+                            extended_t2i=ext_t2i, chunk_size=9)
+    own_i2t = [set((caption_image == i).nonzero().flatten().tolist()) for i in range(n_img)]
+    pos_i2t = [own | set(ext) for own, ext in zip(own_i2t, ext_i2t, strict=True)]
+    pos_t2i = [{int(caption_image[j]), *ext_t2i[j]} for j in range(n_cap)]
+    for d, scores, positives in (("i2t", sims, pos_i2t), ("t2i", sims.T, pos_t2i)):
+        want = _eccv(scores, positives)
+        assert got[f"cxc_{d}_mAP_at_R"] == pytest.approx(100 * want["eccv_map_at_r"], rel=1e-9)
+        assert got[f"cxc_{d}_rprec"] == pytest.approx(100 * want["eccv_rprecision"], rel=1e-9)
+        assert got[f"cxc_{d}_R_at_1"] == pytest.approx(100 * want["eccv_r1"], rel=1e-9)
+        assert 0 < want["eccv_map_at_r"] < want["eccv_r1"] < 1  # a test that can fail
+
+
+@pytest.mark.parametrize("levels", [2, 5, None])  # heavy ties, some ties, none
+def test_map_at_r_equals_eccv_caption_per_query_with_ties(levels):
+    """Ties in control: eccv-caption gets the rankings in the module's tie order, per query,
+    with up to 31 positives of 40 candidates (counts past the top-K window included)."""
+    pytest.importorskip("eccv_caption")
+    from icr.metrics.retrieval import cxc_query_stats, map_at_r
+
+    gen = torch.Generator().manual_seed(4)
+    n, queries = 40, 11
+    if levels is None:
+        scores = torch.rand(queries, n, generator=gen)
+    else:
+        scores = torch.randint(0, levels, (queries, n), generator=gen).float()
+    positives = torch.full((queries, 32), -1)
+    for q in range(queries):
+        chosen = torch.randperm(n, generator=gen)[: 1 + 3 * q]
+        positives[q, : len(chosen)] = chosen
+    got = map_at_r(scores, positives)
+    best, rprec = cxc_query_stats(scores, positives)
+    for q in range(queries):
+        pos = {int(p) for p in positives[q] if p >= 0}
+        want = _eccv(scores[q : q + 1], [pos])
+        assert got[q].item() == pytest.approx(want["eccv_map_at_r"], rel=1e-12, abs=1e-15), q
+        assert rprec[q].item() == pytest.approx(want["eccv_rprecision"], rel=1e-12), q
+        assert float(best[q] == 1) == want["eccv_r1"], q
 
 
 @pytest.mark.parametrize("levels", [2, 6, None])  # heavy ties, some ties, none

@@ -21,9 +21,14 @@ loss defines them (pairs sharing an image are neither):
 
 Every counter summarises a direction ``d`` of one batch as (``COCOS_KEYS``):
 
-- ``{d}_contributing``: mean of C^q over the queries with C^q > 0 (NaN when there are none), the
-  column C^q of Tables 2 and 4 (a Triplet SH query counts 1 exactly when it has a gradient, which
-  is why the paper reports 1 +- 0);
+- ``{d}_contributing``: mean of C^q over the queries with C^q > 0, and 0 when no query of the
+  batch contributes, the column C^q of Tables 2 and 4 (a Triplet SH query counts 1 exactly when
+  it has a gradient, which is why the paper reports 1 +- 0). The 0 is what the paper's
+  notebooks average (``evaluation/Gradient counting-*``: the ECIR SmoothAP counter returns 0 for
+  such a batch and ``GradStats`` takes the mean and std over all batches);
+- ``{d}_contributing_nonempty``: the same mean, NaN when no query contributes, so that the mean
+  over batches skips those batches (the mean per batch that has gradient at all; this module's
+  earlier default);
 - ``{d}_contributing_all``: mean of C^q over all queries, the column C^{qv-} of Table 3;
 - ``{d}_batch_total``: C^B, the sum of C^q over the batch's queries (Table 2);
 - ``{d}_zero_queries``: C^0, the number of queries with C^q = 0 (Tables 2 and 4);
@@ -39,7 +44,9 @@ triplet and SmoothAP counts over queries with a non-zero count and NT-Xent over 
 means are reported for every loss.
 
 :func:`cocos_over_split` runs a counter over training-like batches of a whole split and reports
-the mean and standard deviation over batches, as section 5 of the paper does.
+the mean and standard deviation over batches, as section 5 of the paper does
+(:func:`summarize_batches`). The two means over batches differ where a direction often has no
+contributing query in a batch: SmoothAP's caption queries, each with a single positive.
 """
 
 from __future__ import annotations
@@ -63,7 +70,8 @@ from icr.registry import Registry
 logger = logging.getLogger(__name__)
 
 COCOS_EPS = 0.01  # the paper's threshold for NT-Xent and SmoothAP
-COCOS_KEYS = ("contributing", "contributing_all", "batch_total", "zero_queries")
+COCOS_KEYS = ("contributing", "contributing_nonempty", "contributing_all", "batch_total",
+              "zero_queries")
 NTXENT_KEYS = ("negative_weight", "positive_weight")
 
 COCOS_COUNTERS: Registry[Callable[..., dict[str, float]]] = Registry("COCOS counter")
@@ -77,9 +85,10 @@ def summarize_counts(per_query: Tensor, prefix: str) -> dict[str, float]:
     """
     per_query = per_query.double()
     contributing = per_query > 0  # (Q,)
-    active_mean = per_query[contributing].mean() if contributing.any() else math.nan
+    active_mean = float(per_query[contributing].mean()) if contributing.any() else math.nan
     return {
-        f"{prefix}contributing": float(active_mean),
+        f"{prefix}contributing": 0.0 if math.isnan(active_mean) else active_mean,
+        f"{prefix}contributing_nonempty": active_mean,
         f"{prefix}contributing_all": float(per_query.mean()),
         f"{prefix}batch_total": float(per_query.sum()),
         f"{prefix}zero_queries": float((~contributing).sum()),
@@ -251,8 +260,7 @@ def cocos_over_split(
 
     The split's captions are drawn into batches like training batches (each caption with its
     image) for one epoch, the counter of ``loss_name`` runs on each batch's similarity matrix, and
-    every number is summarised by its mean and (population) standard deviation over batches;
-    NaN entries (``contributing`` of a batch without any contributing query) are skipped.
+    every number is summarised over batches by :func:`summarize_batches`.
 
     Args:
         img_emb: the embeddings the model scores with (L2-normalised), one per image.
@@ -268,8 +276,9 @@ def cocos_over_split(
             :func:`counter_options`.
 
     Returns:
-        ``cocos_{d}_{key}_mean`` and ``cocos_{d}_{key}_std`` for d in (i2t, t2i) and each key of
-        :data:`COCOS_KEYS` (plus :data:`NTXENT_KEYS` for ``infonce``), and ``cocos_batches``.
+        :func:`summarize_batches` of the batches: ``cocos_{d}_{key}_mean`` and
+        ``cocos_{d}_{key}_std`` for d in (i2t, t2i) and each key of :data:`COCOS_KEYS` (plus
+        :data:`NTXENT_KEYS` for ``infonce``), and ``cocos_batches``.
 
     Shapes:
         img_emb: ``(N_img, D)``; cap_emb: ``(N_cap, D)``; caption_image: ``(N_cap,)`` int.
@@ -290,13 +299,31 @@ def cocos_over_split(
             images = caption_image[caps]  # (B,)
             sims = img_emb[images] @ cap_emb[caps].t()  # (B, B), positives on the diagonal
             rows.append(counter(sims, images))
+    logger.info("COCOS (%s) over %d batches of %d %s", loss_name, len(rows), batch_size, sampler)
+    return summarize_batches(rows)
+
+
+def summarize_batches(rows: list[dict[str, float]]) -> dict[str, float]:
+    """Mean and (population) standard deviation over batches of each counter number.
+
+    A NaN is left out of its key's mean and std (only ``{d}_contributing_nonempty`` has NaNs:
+    batches without a contributing query), so ``cocos_{d}_contributing_mean`` averages those
+    batches as 0, as the paper's notebooks do (``np.mean`` / ``np.std`` over every batch), and
+    ``cocos_{d}_contributing_nonempty_mean`` over the other batches only (NaN if none is left).
+
+    Args:
+        rows: one counter result per batch (:data:`COCOS_COUNTERS`), all with the same keys.
+
+    Returns:
+        ``cocos_{key}_mean`` and ``cocos_{key}_std`` for each key of the rows, and
+        ``cocos_batches``.
+    """
     out: dict[str, float] = {"cocos_batches": float(len(rows))}
-    for key in rows[0]:
+    for key in rows[0] if rows else ():
         values = np.array([row[key] for row in rows], dtype=np.float64)
         finite = values[~np.isnan(values)]
         out[f"cocos_{key}_mean"] = float(finite.mean()) if len(finite) else math.nan
         out[f"cocos_{key}_std"] = float(finite.std()) if len(finite) else math.nan
-    logger.info("COCOS (%s) over %d batches of %d %s", loss_name, len(rows), batch_size, sampler)
     return out
 
 

@@ -102,14 +102,15 @@ def _draw(folder: Path, split: Any, image: int, phrases: np.ndarray, scores: np.
     path = next(folder.glob(f"{name}.*"), None)
     if path is None:
         return
+    regions, truth = split.boxes("continuous")  # pixel edges, as drawn
     fig, axes = plt.subplots(1, max(len(phrases), 1), figsize=(2.4 * max(len(phrases), 1), 2.8))
     for ax, phrase, row in zip(np.atleast_1d(axes), phrases, scores, strict=False):
         ax.imshow(Image.open(path).convert("RGB"))
-        for box, real in zip(split.phrase_boxes[phrase], split.phrase_box_mask[phrase], strict=True):
+        for box, real in zip(truth[phrase], split.phrase_box_mask[phrase], strict=True):
             if real:
                 ax.add_patch(_rect(box, "lime"))
         if np.isfinite(row).any():
-            ax.add_patch(_rect(split.region_boxes[image][int(np.argmax(row))], "red"))
+            ax.add_patch(_rect(regions[image][int(np.argmax(row))], "red"))
         caption = split.captions[split.phrase_caption[phrase]].split()
         ax.set_title(" ".join(caption[split.phrase_first[phrase]:split.phrase_end[phrase]]),
                      fontsize=7)

@@ -19,14 +19,21 @@ evaluated: ``notvisual`` phrases (chain 0) are skipped, and so are phrases whose
 the whole image as its box instead. A chain can have several boxes: a phrase counts as found when
 any of them is (the reference; no union box).
 
-Boxes. Every box of a split is in one convention: *continuous* pixel coordinates ``(x0, y0, x1,
-y1)`` with ``(x1, y1)`` one past the last covered pixel, area ``(x1 - x0) * (y1 - y0)``.
-Annotation boxes are 0-based inclusive integer boxes (:mod:`icr.data.entities`) and become
-``(xmin, ymin, xmax + 1, ymax + 1)``: IoUs between them equal the reference's "+1 pixel"
-convention. Region boxes are read as continuous when ``region_boxes_inclusive=False`` (the shapes
-world writes exclusive right/bottom edges) and get ``+1`` on ``x1, y1`` when it is ``True``
-(BUTD detections come from py-faster-rcnn, whose boxes are inclusive; the default of
-:func:`load_grounding`). A region whose raw box is all zeros is padding (``region_mask`` False).
+Boxes. The split keeps every box as its file gives it: annotation boxes are 0-based inclusive
+integer pixel boxes (the XML's 1-based values minus 1, :mod:`icr.data.entities`), region boxes are
+``{split}_boxes.npy`` as stored. :meth:`GroundingSplit.boxes` hands both to the metric in one of
+the conventions of :mod:`icr.metrics.grounding`:
+
+- ``infoground`` (the default): both as they are. The info-ground evaluation does exactly this
+  with its torchvision detections (continuous floats) and the annotations (XML minus 1), reading
+  every box as inclusive (``+1`` in areas, centre strictly inside), so the default metric equals
+  the reference's on the same files. ``region_boxes_inclusive`` plays no part.
+- ``continuous``: annotation boxes become ``(x1, y1, x2 + 1, y2 + 1)``; region boxes stay as stored
+  when they are continuous (``region_boxes_inclusive=False``, the default of :func:`load_grounding`:
+  torchvision detections and the shapes world, whose right/bottom edges are exclusive) and get
+  ``+1`` on ``x2, y2`` when the detector wrote inclusive boxes (``region_boxes_inclusive=True``).
+
+A region whose raw box is all zeros is padding (``region_mask`` False).
 
 Words. With ``max_words`` set (or ``None`` for no cap), the loader tags every caption and selects
 its content words (:func:`icr.grounding.words.select_split_words`), and ``word_phrase`` says which
@@ -46,7 +53,12 @@ from torch import Tensor
 from icr.data.entities import EntitiesImage, load_entities
 from icr.errors import DataError
 from icr.grounding.words import MAX_WORDS, SelectedWords, select_split_words
-from icr.metrics.grounding import grounding_metrics, phrase_region_scores
+from icr.metrics.grounding import (
+    DEFAULT_BOX_CONVENTION,
+    check_box_convention,
+    grounding_metrics,
+    phrase_region_scores,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +78,8 @@ class GroundingPhrase:
         chain_id: its Flickr30K Entities chain.
         first_word_index: index of its first word among the caption's whitespace tokens.
         words: its words.
-        boxes: ``(G, 4)`` float32 ground-truth boxes, continuous coordinates (module docstring).
+        boxes: ``(G, 4)`` float32 ground-truth boxes, 0-based inclusive pixel boxes as annotated
+            (module docstring).
     """
 
     chain_id: int
@@ -92,7 +105,7 @@ class GroundingSplit:
         image_ids: image ids (file stems), the Entities split file's order.
         region_features: region features of each image (a memory map when the file order already
             matches the split's).
-        region_boxes: float32 boxes, continuous pixel coordinates (module docstring).
+        region_boxes: float32 boxes as the feature folder stores them (module docstring).
         region_mask: which regions are real (padding is False).
         image_sizes: ``(width, height)`` of each image, from the annotations.
         captions: caption texts, whitespace-tokenised (the Entities sentence text).
@@ -100,12 +113,14 @@ class GroundingSplit:
         phrases: per caption, its evaluable phrases (module docstring).
         phrase_caption, phrase_first, phrase_end: caption and word span ``[first, end)`` of each
             phrase.
-        phrase_boxes: ground-truth boxes of each phrase, zero-padded to the most boxes of a phrase.
+        phrase_boxes: ground-truth boxes of each phrase, 0-based inclusive, zero-padded to the most
+            boxes of a phrase.
         phrase_box_mask: which of them are real.
         words: the selected content words of each caption, or ``None`` (not selected).
         word_phrase: global index of the phrase holding each selected word, -1 when none does or
             at padding; ``None`` without ``words``.
         skipped: phrases left out, by reason (``notvisual``, ``no_box``).
+        region_boxes_inclusive: the stored region boxes are inclusive (for ``continuous``).
 
     Shapes:
         region_features ``(N, R, D_r)``, region_boxes ``(N, R, 4)``, region_mask ``(N, R)``,
@@ -131,6 +146,7 @@ class GroundingSplit:
     words: SelectedWords | None = field(default=None, repr=False)
     word_phrase: np.ndarray | None = field(default=None, repr=False)
     skipped: dict[str, int] = field(default_factory=dict)
+    region_boxes_inclusive: bool = False
 
     @property
     def num_images(self) -> int:
@@ -168,8 +184,24 @@ class GroundingSplit:
         phrase = self.word_phrase[rows, np.maximum(piece_word, 0)]  # (C, P)
         return np.where(piece_word >= 0, phrase, -1)
 
+    def boxes(self, convention: str = DEFAULT_BOX_CONVENTION) -> tuple[np.ndarray, np.ndarray]:
+        """Region and phrase boxes in a metric convention (module docstring).
+
+        Args:
+            convention: ``infoground`` (as stored) or ``continuous``.
+
+        Returns:
+            ``region_boxes`` ``(N, R, 4)`` and ``phrase_boxes`` ``(F, G, 4)``, float32.
+        """
+        if check_box_convention(convention) == "infoground":
+            return self.region_boxes, self.phrase_boxes
+        far = np.float32([0, 0, 1, 1])  # inclusive -> one past the last pixel
+        regions = self.region_boxes + far if self.region_boxes_inclusive else self.region_boxes
+        return regions, self.phrase_boxes + far
+
     def evaluate(self, attention: Tensor | np.ndarray, piece_word: np.ndarray,
-                 ks: tuple[int, ...] = (1, 5, 10)) -> dict[str, float]:
+                 ks: tuple[int, ...] = (1, 5, 10),
+                 box_convention: str = DEFAULT_BOX_CONVENTION) -> dict[str, float]:
         """Recall@k and pointing accuracy of every caption's attention over its image's regions.
 
         Args:
@@ -177,6 +209,7 @@ class GroundingSplit:
                 own image (e.g. the model's ``paired`` attention, caption by caption).
             piece_word: ``(C, P)`` selected-word slot of each position, -1 at padding.
             ks: the k of Recall@k.
+            box_convention: ``infoground`` (the reference's evaluation) or ``continuous``.
 
         Shapes:
             attention ``(C, P, R)``.
@@ -186,8 +219,9 @@ class GroundingSplit:
         """
         scores = phrase_region_scores(attention, self.piece_phrase(piece_word),
                                       self.num_phrases)  # (F, R)
-        return grounding_metrics(scores, self.phrase_image, self.region_boxes, self.region_mask,
-                                 self.phrase_boxes, self.phrase_box_mask, ks)
+        regions, truth = self.boxes(box_convention)
+        return grounding_metrics(scores, self.phrase_image, regions, self.region_mask, truth,
+                                 self.phrase_box_mask, ks, box_convention=box_convention)
 
 
 # --------------------------------------------------------------------------------- phrases
@@ -209,9 +243,9 @@ def _phrases_of(image: EntitiesImage, scene_as_image: bool, skipped: dict[str, i
             if not boxes:
                 skipped["no_box"] += 1
                 continue
-            continuous = np.asarray(boxes, dtype=np.float32) + np.float32([0, 0, 1, 1])  # (G, 4)
             kept.append(GroundingPhrase(phrase.chain_id, phrase.first_word_index,
-                                        tuple(phrase.text.split()), continuous))
+                                        tuple(phrase.text.split()),
+                                        np.asarray(boxes, dtype=np.float32)))  # (G, 4)
         out.append(tuple(kept))
     return out
 
@@ -267,9 +301,9 @@ def _load_npy(path: Path, what: str) -> np.ndarray:
     return array
 
 
-def _regions(folder: Path, split: str, stems: Sequence[str], max_regions: int | None,
-             inclusive: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Features, continuous boxes and mask of the images ``stems``, in that order."""
+def _regions(folder: Path, split: str, stems: Sequence[str], max_regions: int | None
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Features, boxes (as stored) and mask of the images ``stems``, in that order."""
     ims_path, boxes_path = folder / f"{split}_ims.npy", folder / f"{split}_boxes.npy"
     ids_path = folder / f"{split}_ids.txt"
     features = _load_npy(ims_path, "region feature")
@@ -295,8 +329,7 @@ def _regions(folder: Path, split: str, stems: Sequence[str], max_regions: int | 
         features = np.ascontiguousarray(features[rows, :r])
     raw = np.asarray(boxes[rows, :r], dtype=np.float32)  # (N, R, 4)
     mask = np.any(raw != 0, axis=-1)  # (N, R) an all-zero box is padding
-    continuous = raw + np.float32([0, 0, 1, 1]) if inclusive else raw.copy()
-    return features, continuous, mask
+    return features, raw, mask
 
 
 # --------------------------------------------------------------------------------- loaders
@@ -308,7 +341,7 @@ def load_grounding(
     split: str,
     features_split: str | None = None,
     max_regions: int | None = None,
-    region_boxes_inclusive: bool = True,
+    region_boxes_inclusive: bool = False,
     max_words: int | None = MAX_WORDS,
     select_words: bool = True,
     scene_as_image: bool = False,
@@ -321,8 +354,9 @@ def load_grounding(
         split: the Entities split (``train``, ``val``, ``test``): its images, order, captions.
         features_split: the split name in the feature files (e.g. ``dev``); default ``split``.
         max_regions: keep the first R regions of each image (the reference: 30); ``None``: all.
-        region_boxes_inclusive: region boxes are inclusive pixel boxes (BUTD) and get ``+1`` on
-            ``x1, y1`` (module docstring).
+        region_boxes_inclusive: the stored region boxes are inclusive pixel boxes; they get ``+1``
+            on ``x2, y2`` in the ``continuous`` convention only (module docstring). Torchvision
+            detections (the reference's) are continuous.
         max_words: cap on selected words per caption (:func:`~icr.grounding.words.select_words`);
             ``None`` keeps all content words (useful for evaluation splits).
         select_words: tag the captions and select their words (``False``: ``words`` is None).
@@ -339,8 +373,7 @@ def load_grounding(
     if len(set(stems)) != len(stems):
         raise DataError(f"{entities_dir / (split + '.txt')}: image ids repeat after removing "
                         "file extensions")
-    features, boxes, mask = _regions(features_dir, features_split or split, stems, max_regions,
-                                     region_boxes_inclusive)
+    features, boxes, mask = _regions(features_dir, features_split or split, stems, max_regions)
     skipped = {"notvisual": 0, "no_box": 0}
     phrases = [p for im in images for p in _phrases_of(im, scene_as_image, skipped)]
     captions = tuple(s.text for im in images for s in im.sentences)
@@ -353,7 +386,8 @@ def load_grounding(
                      dtype=np.int64)
     out = GroundingSplit(split, tuple(stems), features, boxes, mask, sizes, captions,
                          caption_image, tuple(phrases), **arrays, words=words,
-                         word_phrase=word_phrase, skipped=skipped)
+                         word_phrase=word_phrase, skipped=skipped,
+                         region_boxes_inclusive=region_boxes_inclusive)
     logger.info("%s grounding: %d images x %d regions, %d captions, %d phrases (skipped %s)",
                 split, out.num_images, boxes.shape[1], out.num_captions, out.num_phrases,
                 skipped)
@@ -370,8 +404,8 @@ def load_shapes_grounding(
 ) -> GroundingSplit:
     """Load a split of the embedded benchmark (``root/precomp`` and ``root/entities``).
 
-    Its region boxes are continuous already (the generator writes exclusive right/bottom edges),
-    and its image ids are the stems of the precomputed folder's file names. Arguments as
+    Its region boxes are continuous (the generator writes exclusive right/bottom edges), and its
+    image ids are the stems of the precomputed folder's file names. Arguments as
     :func:`load_grounding`.
     """
     root = Path(root)

@@ -22,7 +22,9 @@ negative). Model selection is on validation pointing accuracy (``selection_metri
 :func:`icr.train.fit` applies; the reference's selection script never evaluated a checkpoint.
 
 Evaluation keeps every content word of a caption (no cap of six), so every phrase whose words are
-tagged gets a score; training keeps the cap (``max_words``).
+tagged gets a score; training keeps the cap (``max_words``). Boxes are read as info-ground's
+evaluation reads them (``grounding.box_convention=infoground``: ``+1``-pixel areas, the top box's
+centre strictly inside a ground-truth box), or in continuous coordinates (``continuous``).
 
 Everything data-dependent (word features, negatives, the masked-LM head, candidate features) is
 prepared once and cached under ``<workspace>/cache/grounding``, shared by every trial that uses
@@ -55,6 +57,7 @@ from icr.grounding.negatives import (
     noun_positions,
 )
 from icr.grounding.words import WordEncoder, WordFeatures, word_features
+from icr.metrics.grounding import DEFAULT_BOX_CONVENTION, check_box_convention
 from icr.seeding import derive_seed
 from icr.train.tasks import TASKS
 
@@ -183,6 +186,8 @@ class GroundingTask:
         max_steps_per_epoch: cut epochs short (0: full epochs).
         trajectory_every: a trajectory row every this many steps.
         eval_batch_size: captions per evaluation batch.
+        box_convention: how evaluation reads boxes, ``infoground`` (the reference's evaluation)
+            or ``continuous`` (:mod:`icr.metrics.grounding`).
     """
 
     selection_metric = "pointing"
@@ -207,11 +212,13 @@ class GroundingTask:
         max_steps_per_epoch: int = 0,
         trajectory_every: int = 10,
         eval_batch_size: int = 256,
+        box_convention: str = DEFAULT_BOX_CONVENTION,
     ) -> None:
         self.data, self.device = data, torch.device(device)
         self.epochs, self.batch_size, self.seed = epochs, batch_size, seed
         self.img_weight, self.lang_weight = img_weight, lang_weight
         self.trajectory_every, self.eval_batch_size = trajectory_every, eval_batch_size
+        self.box_convention = check_box_convention(box_convention)
         train = data.splits["train"]
         steps = train.num_captions // batch_size
         if steps == 0:
@@ -334,7 +341,8 @@ class GroundingTask:
         batches of ``batch_size`` captions in a fixed random order, as in training (Fig. 4 of the
         paper follows the InfoNCE bound ``log k - L_img`` on held-out data)."""
         data = self.data.splits[split]
-        metrics = data.evaluate(self.attention(split), self.data.words[split].piece_word)
+        metrics = data.evaluate(self.attention(split), self.data.words[split].piece_word,
+                                box_convention=self.box_convention)
         self.model.eval()
         order = np.random.default_rng(0).permutation(data.num_captions)
         batches = [np.sort(order[start:start + self.batch_size]) for start in
@@ -408,6 +416,7 @@ def grounding(config: Any, workspace: Any, device: torch.device) -> GroundingTas
         weight_decay=o.weight_decay, grad_clip=o.grad_clip, batch_size=t.batch_size,
         epochs=config.epochs, img_weight=g.img_weight, lang_weight=g.lang_weight, seed=t.seed,
         device=device, amp=t.amp, max_steps_per_epoch=t.max_steps_per_epoch,
-        trajectory_every=t.trajectory_every, eval_batch_size=config.eval.batch_size)
+        trajectory_every=t.trajectory_every, eval_batch_size=config.eval.batch_size,
+        box_convention=g.box_convention)
     task.config, task.source = config, source  # what the analyses read (icr.analysis)
     return task

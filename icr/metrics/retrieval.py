@@ -29,6 +29,11 @@ Protocol (REFERENCE_NOTES.md, sections 1, 2 and 5; LTD paper, section 4.3 "Evalu
   ideal is 0.
 - CxC (Parekh et al. 2021): positives extended with the CxC annotations; a hit if any positive is in
   the top k; R-precision with R = the number of positives.
+- ECCV Caption (Chun et al., ECCV 2022) over the same extended positives: mAP@R (Musgrave et al.
+  2020), ``cxc_{d}_mAP_at_R`` = the mean over queries of (1/R) sum_{r<=R} P@r * rel_r with R = the
+  query's number of positives; its R-Precision and R@1 are ``cxc_{d}_rprec`` and
+  ``cxc_{d}_R_at_1`` (the same definitions). Equal to the ``eccv-caption`` package's
+  ``compute_eccv_metrics`` given the rankings in this module's order.
 
 Every value except the ranks is in percent (0-100), also R-precision, mAP@5 and nDCG, which the
 papers print as fractions: divide by 100 to compare with their tables.
@@ -89,8 +94,8 @@ def retrieval_metrics(
         ``i2t_R_at_{k}``, ``t2i_R_at_{k}`` for k in ``ks``, ``rsum``, ``i2t_medr``, ``i2t_meanr``,
         ``t2i_medr``, ``t2i_meanr``, ``i2t_rprec``, ``i2t_mAP_at_5``, ``i2t_mAPnorm_at_5``;
         with ``relevance``
-        ``t2i_nDCG_at_25``; with ``extended_i2t`` ``cxc_i2t_R_at_{k}`` and ``cxc_i2t_rprec``; with
-        ``extended_t2i`` ``cxc_t2i_R_at_{k}`` and ``cxc_t2i_rprec``.
+        ``t2i_nDCG_at_25``; with ``extended_i2t`` ``cxc_i2t_R_at_{k}``, ``cxc_i2t_rprec`` and
+        ``cxc_i2t_mAP_at_R``; with ``extended_t2i`` the same for ``cxc_t2i_``.
 
     Shapes:
         sims: ``(N_img, N_cap)``; caption_image: ``(N_cap,)`` int; relevance: ``(N_cap, N_img)``;
@@ -98,7 +103,8 @@ def retrieval_metrics(
 
     References:
         LTD paper (Bleeker & de Rijke), section 4.3 and Table 1; Faghri et al. 2018 (VSE++) for the
-        Recall@k / medr protocol; Messina et al. 2021 (TERN) for nDCG; Parekh et al. 2021 (CxC).
+        Recall@k / medr protocol; Messina et al. 2021 (TERN) for nDCG; Parekh et al. 2021 (CxC);
+        Chun et al. 2022 (ECCV Caption) for mAP@R over extended positives.
 
     Raises:
         ValueError: mismatched shapes, an image without captions, an index out of range, or a
@@ -148,6 +154,7 @@ def retrieval_metrics(
             prefix = f"cxc_{direction}_"
             metrics |= recall_at_k(scan["cxc_best"], ks, prefix=prefix)
             metrics[f"{prefix}rprec"] = _percent(scan["cxc_rprec"])
+            metrics[f"{prefix}mAP_at_R"] = _percent(scan["cxc_map_at_r"])
     return metrics
 
 
@@ -196,6 +203,49 @@ def cxc_query_stats(
     negatives_at = _count_at_least(scores, top_values, cut) - above - positives_at  # (B,)
     found = positives_above + (num_positives - above - negatives_at).clamp(min=0)  # (B,)
     return best, found.double() / num_positives
+
+
+def map_at_r(
+    scores: torch.Tensor, positives: torch.Tensor, top_values: torch.Tensor | None = None
+) -> torch.Tensor:
+    """mAP@R of each query: (1/R) sum_{r<=R} P@r * rel_r, R = its number of positives.
+
+    In the module's order (score descending, negatives before positives on ties), the m-th
+    positive by score, of score s_m, ranks ``r_m = #{negatives scoring >= s_m} + m`` (positives
+    tied with it fill consecutive places, and their order among themselves does not change the
+    sum), and it adds P@r_m = m / r_m when r_m <= R. The counts come from the K = max R + P
+    largest scores by binary search, without sorting the candidates or comparing positives
+    pairwise: where a count reaches K, r_m > R and the positive adds nothing.
+
+    Args:
+        scores: similarity of each query to every candidate; finite.
+        positives: candidate indices, -1 padded, no repeats, at least one per query.
+        top_values: ``scores.topk(K).values`` when the caller has it, used if K >= max R + P.
+
+    Shapes:
+        scores: ``(B, N)``; positives: ``(B, P)``; top_values: ``(B, K)``; returns ``(B,)``
+        float64 in [0, 1].
+
+    References:
+        Musgrave et al., "A Metric Learning Reality Check", ECCV 2020 (mAP@R); Chun et al.,
+        "ECCV Caption", ECCV 2022 (its ``eccv_caption._metrics.compute_eccv_metrics``).
+    """
+    valid = positives >= 0  # (B, P)
+    num_positives = valid.sum(dim=1)  # (B,) = R
+    width = positives.shape[1]
+    window = min(int(num_positives.max()) + width, scores.shape[1])
+    if top_values is None or top_values.shape[1] < window:
+        top_values = scores.topk(window, dim=1).values  # (B, K)
+    pos_scores = scores.gather(1, positives.clamp(min=0)).masked_fill(~valid, -math.inf)
+    descending = pos_scores.sort(dim=1, descending=True).values  # (B, P), padding last
+    ascending = (-descending).contiguous()  # (B, P) searchable: -s ascending
+    at_least = torch.searchsorted((-top_values).contiguous(), ascending, right=True)  # (B, P)
+    positives_at_least = torch.searchsorted(ascending, ascending, right=True)  # (B, P)
+    m = torch.arange(1, width + 1, device=scores.device)  # (P,)
+    rank = at_least - positives_at_least + m  # (B, P) r_m
+    counted = (m <= num_positives[:, None]) & (rank <= num_positives[:, None])  # (B, P)
+    precision = torch.where(counted, m.double() / rank.double(), 0.0)  # (B, P)
+    return precision.sum(dim=1) / num_positives.double()
 
 
 def _count_at_least(scores: torch.Tensor, top_values: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
@@ -259,7 +309,8 @@ def _scan(
 
     Returns:
         ``best`` (Q,); ``ranks`` (Q, P) when ``own_depth`` > 0; ``cxc_ranks`` (Q, P') with
-        ``cxc``; ``ndcg`` (Q,) with ``relevance``; ``candidate_counts`` (N,) int32 with
+        ``cxc``; ``cxc_best``, ``cxc_rprec``, ``cxc_map_at_r`` (Q,) with ``cxc_stats``; ``ndcg``
+        (Q,) with ``relevance``; ``candidate_counts`` (N,) int32 with
         ``candidate_thresholds``.
     """
     parts: dict[str, list[torch.Tensor]] = {}
@@ -268,7 +319,7 @@ def _scan(
         counts = torch.zeros_like(candidate_thresholds, dtype=torch.int32)  # (N,)
     depths = [max(own_depth, 1) + own.shape[1], NDCG_DEPTH + 1 if relevance is not None else 0]
     depths += [max(cxc_depth, cxc.shape[1]) + cxc.shape[1]] if cxc is not None else []
-    depths += [cxc_stats.shape[1] + 1] if cxc_stats is not None else []  # max R + 1
+    depths += [2 * cxc_stats.shape[1]] if cxc_stats is not None else []  # >= max R + P
     for rows, scores in chunks:  # scores: (B, N)
         top = _checked_topk(scores, min(max(depths), scores.shape[1]))  # (B, K)
         own_pos = _PositiveScores.gather(scores, own[rows])
@@ -280,6 +331,7 @@ def _scan(
             out["cxc_ranks"] = cxc_pos.ranks(top.values, scores.shape[1])
         if cxc_stats is not None:
             out["cxc_best"], out["cxc_rprec"] = cxc_query_stats(scores, cxc_stats[rows], top.values)
+            out["cxc_map_at_r"] = map_at_r(scores, cxc_stats[rows], top.values)
         if relevance is not None:
             rel = _as_tensor(relevance[rows], scores.device)  # (B, N)
             out["ndcg"] = ndcg_of_ranking(stable_topk(scores, NDCG_DEPTH, top=top), rel)
