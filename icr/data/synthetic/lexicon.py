@@ -11,7 +11,7 @@ hypernyms):
   "grey"/"gray"); a caption with either is true of the same objects;
 - **hypernyms**: nouns for a set of shapes, :data:`SHAPE_CONCEPTS` ("polygon": square, rectangle,
   triangle, diamond, pentagon, hexagon; "quadrilateral"; "symbol") and the generic nouns ("shape",
-  "object", "figure", "item") that name any shape. A caption's meaning records the concept its
+  "object", "figure", "item", "thing", "form", "element") that name any shape. A caption's meaning records the concept its
   noun names (``{"shape": "polygon"}``), so "a red polygon" is true of a red hexagon.
 
 Multi-word nouns ("plus sign") are entries as a whole; :func:`lexicon` also lists their words.
@@ -23,19 +23,20 @@ from collections.abc import Mapping
 
 # shape -> [(singular, plural), ...]: the first pair is the canonical name
 SHAPE_NOUNS: dict[str, list[tuple[str, str]]] = {
-    "circle": [("circle", "circles"), ("disc", "discs")],
+    "circle": [("circle", "circles"), ("disc", "discs"), ("disk", "disks")],
     "oval": [("oval", "ovals"), ("ellipse", "ellipses")],
-    "square": [("square", "squares"), ("box", "boxes")],
-    "rectangle": [("rectangle", "rectangles"), ("oblong", "oblongs")],
-    "triangle": [("triangle", "triangles")],
-    "diamond": [("diamond", "diamonds"), ("rhombus", "rhombuses")],
+    "square": [("square", "squares"), ("box", "boxes"), ("block", "blocks"), ("tile", "tiles")],
+    "rectangle": [("rectangle", "rectangles"), ("oblong", "oblongs"), ("bar", "bars"),
+                  ("strip", "strips")],
+    "triangle": [("triangle", "triangles"), ("wedge", "wedges")],
+    "diamond": [("diamond", "diamonds"), ("rhombus", "rhombuses"), ("lozenge", "lozenges")],
     "pentagon": [("pentagon", "pentagons")],
     "hexagon": [("hexagon", "hexagons")],
     "star": [("star", "stars")],
     "cross": [("cross", "crosses"), ("plus sign", "plus signs")],
     "heart": [("heart", "hearts")],
     "crescent": [("crescent", "crescents"), ("moon", "moons")],
-    "arrow": [("arrow", "arrows")],
+    "arrow": [("arrow", "arrows"), ("pointer", "pointers")],
 }
 SHAPES = tuple(SHAPE_NOUNS)
 # hypernym -> the shapes it names (a caption with it is true of any of them)
@@ -48,7 +49,7 @@ HYPERNYM_NOUNS = {"polygon": ("polygon", "polygons"), "quadrilateral": ("quadril
                   "quadrilaterals"), "symbol": ("symbol", "symbols")}
 # nouns for any shape (no "shape" key in the meaning)
 GENERIC_NOUNS = [("shape", "shapes"), ("object", "objects"), ("figure", "figures"),
-                 ("item", "items")]
+                 ("item", "items"), ("thing", "things"), ("form", "forms"), ("element", "elements")]
 # concept -> the shapes it names: every shape names itself, every hypernym its members
 SHAPE_CONCEPTS: dict[str, frozenset[str]] = {
     **{s: frozenset({s}) for s in SHAPES}, **{h: frozenset(m) for h, m in HYPERNYMS.items()},
@@ -75,7 +76,7 @@ TEXTURE_PHRASES: dict[str, list[str]] = {
 TONE_WORDS: dict[str, list[str]] = {"dark": ["dark"], "light": ["light", "pale", "bright"]}
 # hues of the background, named with the object colour words
 BACKGROUND_HUES = ("grey", "blue", "green", "red", "purple", "yellow")
-BACKGROUND_NOUNS = ["background", "backdrop"]
+BACKGROUND_NOUNS = ["background", "backdrop", "surface", "canvas"]
 # nouns of the templates that name no attribute
 OTHER_NOUNS = ("picture", "image", "corner", "side", "part", "scene")
 
@@ -87,11 +88,11 @@ def lexicon() -> dict[str, Entry]:
 
     Kinds: ``shape`` (value: a concept of :data:`SHAPE_CONCEPTS`, a shape or a hypernym; synonyms
     and plurals included, e.g. ``box -> square``, ``polygons -> polygon``), ``generic`` (``shape``,
-    ``object``, ``figure``, ``item``: any shape), ``colour``, ``size``, ``texture`` (adjectives
+    ``object``, ``figure``, ...: any shape), ``colour``, ``size``, ``texture`` (adjectives
     and the nouns of ``with stripes``/``with dots``/``with checks``), ``tone`` (of the
     background), ``hpos``/``vpos`` (``left``, ``right``, ``top``, ``bottom``, ``upper``,
     ``lower``), ``position`` (``centre``, ``middle``: horizontal or vertical by context),
-    ``background`` (``background``, ``backdrop``), ``compound`` (a word of a two-word noun:
+    ``background`` (``background``, ``backdrop``, ``surface``, ``canvas``), ``compound`` (a word of a two-word noun:
     ``plus``, ``sign``, ``polka``; value: the compound) and ``noun`` (a noun that names no
     attribute: ``picture``, ``image``, ``corner``, ...).
     """
