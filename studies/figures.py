@@ -5,20 +5,32 @@ A :class:`Figure` names a file and draws on one matplotlib Axes from a :class:`~
 here cover what the papers plot: a metric per epoch per condition (convergence, LTD Figure 3's
 validation rsum), a per-step series per value of a searched key (lambda and L_rec per eta), a final
 metric against a searched key, and a per-step series per condition (AdOpt's K, COCOS over training).
+
+What a reviewer needs to read them: repeated runs of one condition (its confirmation seeds) are one
+line, their mean, with a band from the lowest to the highest seed; epochs are integers; the values
+of a searched key get colours spread evenly over a sequential map by rank, so neighbouring values
+differ visibly; the value a condition chose (the one its confirmation runs were trained with) is
+marked; trials ASHA stopped are drawn where they stopped, not mixed into the scale of full ones; and
+a log axis shows only the values that are there (a series that reaches 0 stops, and its legend says
+at which step).
 """
 
 from __future__ import annotations
 
 import math
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 if TYPE_CHECKING:
     from studies.runs import RunSet
 
 Draw = Callable[["RunSet", Any], bool]
+SEQUENTIAL = "viridis"  # the map the values of a searched key are coloured from
+_RANGE = (0.0, 0.9)  # of the map: its brightest yellow is hard to see on white
 
 
 @dataclass(frozen=True)
@@ -36,61 +48,125 @@ def _legend(ax: Any) -> None:
         ax.legend(fontsize=7, loc="best")
 
 
+def _integer_ticks(ax: Any) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def rank_colours(values: Sequence[float]) -> dict[float, tuple[float, float, float, float]]:
+    """A colour per distinct value, evenly spaced by rank over :data:`SEQUENTIAL`: neighbouring
+    values differ by the same step of the map whatever their numeric gap."""
+    import matplotlib
+
+    distinct = sorted(set(values))
+    cmap = matplotlib.colormaps[SEQUENTIAL]
+    spread = np.linspace(*_RANGE, max(len(distinct), 2))[: len(distinct)]
+    if len(distinct) == 1:
+        spread = np.array([0.5 * sum(_RANGE)])
+    return {v: cmap(float(x)) for v, x in zip(distinct, spread, strict=True)}
+
+
+def mean_band(histories: Sequence[tuple[Sequence[int], Sequence[float]]]
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Mean, lowest and highest of several runs' series at each x any of them has.
+
+    Returns:
+        ``(x, mean, low, high)``, each ``(X,)``; at an x only some runs reached (one seed stopped
+        early), the statistics are over those runs.
+    """
+    xs = np.array(sorted({x for steps, _ in histories for x in steps}), dtype=float)
+    table = np.full((len(histories), len(xs)), np.nan)
+    where = {x: i for i, x in enumerate(xs)}
+    for r, (steps, values) in enumerate(histories):
+        for x, v in zip(steps, values, strict=True):
+            table[r, where[float(x)]] = v
+    return xs, np.nanmean(table, axis=0), np.nanmin(table, axis=0), np.nanmax(table, axis=0)
+
+
+def _conditions(runs: RunSet) -> list[str]:
+    return list(dict.fromkeys(runs.frame.get("condition", [])))
+
+
 def metric_per_epoch(metric: str = "val_rsum", ylabel: str = "validation rsum") -> Draw:
-    """Every run's ``metric`` per epoch, one colour per condition; confirmation runs solid,
-    search trials dashed (an ASHA-stopped trial is a short dashed line)."""
+    """``metric`` per epoch, one colour per condition: the confirmation runs as their mean with a
+    band over the seeds, the search trials as thin dashed lines (an ASHA-stopped trial is a short
+    one)."""
 
     def draw(runs: RunSet, ax: Any) -> bool:
-        conditions = list(dict.fromkeys(runs.frame.get("condition", [])))
-        seen: set[str] = set()
-        for _, run in runs.frame.iterrows():
-            epochs, values = runs.history(run["run_id"], metric)
-            if not epochs:
-                continue
-            confirm = run["phase"] == "confirm"
-            label = f"{run['condition']} ({run['phase']})"
-            ax.plot(epochs, values, color=f"C{conditions.index(run['condition']) % 10}",
-                    marker=".", lw=1.8 if confirm else 0.8, alpha=1.0 if confirm else 0.5,
-                    ls="-" if confirm else "--", label=None if label in seen else label)
-            seen.add(label)
+        conditions = _conditions(runs)
+        drawn = False
+        for c, condition in enumerate(conditions):
+            colour = f"C{c % 10}"
+            confirm = [runs.history(r, metric) for r in runs.where(phase="confirm",
+                                                                    condition=condition)["run_id"]]
+            confirm = [h for h in confirm if h[0]]
+            if confirm:
+                x, mean, low, high = mean_band(confirm)
+                ax.plot(x, mean, color=colour, lw=1.8, marker=".",
+                        label=f"{condition} (confirm, mean of {len(confirm)})")
+                if len(confirm) > 1:
+                    ax.fill_between(x, low, high, color=colour, alpha=0.2, lw=0)
+                drawn = True
+            label = f"{condition} (search)"
+            for run_id in runs.where(phase="search", condition=condition)["run_id"]:
+                steps, values = runs.history(run_id, metric)
+                if steps:
+                    ax.plot(steps, values, color=colour, lw=0.7, alpha=0.45, ls="--", label=label)
+                    label, drawn = None, True
         ax.set_xlabel("epoch")
         ax.set_ylabel(ylabel)
+        _integer_ticks(ax)
         _legend(ax)
-        return bool(seen)
+        return drawn
 
     return draw
 
 
+def _positive_segments(steps: Sequence[int], values: Sequence[float]
+                       ) -> tuple[list[float], list[float], int | None]:
+    """The series with its non-positive points masked (NaN: the line breaks there) and the first
+    step at which it is not positive (``None`` if never)."""
+    masked = [v if v > 0 else math.nan for v in values]
+    first = next((s for s, v in zip(steps, values, strict=True) if v <= 0), None)
+    return list(steps), masked, first
+
+
 def series_by_value(
-    series: str, key: str, condition: str, *, phase: str = "search", floor: float | None = None,
-    reference: str | None = None, ylabel: str = "",
+    series: str, key: str, condition: str, *, phase: str = "search", log: bool = False,
+    reference: str | None = None, bound: bool = False, ylabel: str = "",
 ) -> Draw:
     """A per-step series (``trajectory/<series>``) of each run of ``condition``, coloured by the
-    value of the searched ``key`` (LTD Figure 3: lambda and L_rec per eta). ``floor`` clips values
-    from below (for a log scale); ``reference`` draws that condition's runs in grey for comparison;
-    with ``series="L_rec"`` and ``key="objective.eta"`` each bound is drawn as a dotted line."""
+    rank of its searched ``key`` (LTD Figure 3: lambda and L_rec per eta).
+
+    ``log``: for a log axis: points at or below 0 are not drawn (no invented values), and the
+    legend says at which step the series first reached 0. ``bound``: the run's value of ``key`` is
+    a bound on the series (eta on L_rec), drawn as a dotted line of the same colour.
+    ``reference``: that condition's runs in grey for comparison.
+    """
 
     def draw(runs: RunSet, ax: Any) -> bool:
-        import matplotlib
-
         rows = runs.where(phase=phase, condition=condition)
         if rows.empty or key not in rows:
             return False
         rows = rows.sort_values(key)
-        norm = matplotlib.colors.Normalize(rows[key].min(), rows[key].max() + 1e-12)
-        cmap = matplotlib.colormaps["viridis"]
+        colours = rank_colours(rows[key].tolist())
+        name = key.split(".")[-1]
         drawn = False
         for _, run in rows.iterrows():
             steps, values = runs.history(run["run_id"], f"trajectory/{series}")
             if not steps:
                 continue
-            if floor is not None:
-                values = [max(v, floor) for v in values]
-            color = cmap(norm(run[key]))
-            ax.plot(steps, values, color=color, lw=1.2, marker="." if len(steps) < 30 else None,
-                    label=f"{key.split('.')[-1]}={run[key]:.3g}")
-            if series == "L_rec" and key == "objective.eta":
-                ax.axhline(run[key], color=color, lw=0.6, ls=":")
+            label = f"{name}={run[key]:.3g}"
+            if log:
+                steps, values, zero = _positive_segments(steps, values)
+                if zero is not None:
+                    label += f" (0 from step {zero})"
+            colour = colours[run[key]]
+            ax.plot(steps, values, color=colour, lw=1.2, marker="." if len(steps) < 30 else None,
+                    label=label)
+            if bound:
+                ax.axhline(run[key], color=colour, lw=0.6, ls=":")
             drawn = True
         for _, run in runs.where(phase=phase, condition=reference).iterrows() if reference else ():
             steps, values = runs.history(run["run_id"], f"trajectory/{series}")
@@ -103,19 +179,41 @@ def series_by_value(
     return draw
 
 
+def chosen_value(runs: RunSet, key: str, condition: str) -> float | None:
+    """The value of ``key`` the condition's confirmation runs were trained with (its selection)."""
+    values = runs.where(phase="confirm", condition=condition)
+    values = values[key].dropna().unique() if key in values else []
+    return float(values[0]) if len(values) == 1 else None
+
+
 def metric_vs_value(metric: str, key: str, condition: str, *, phase: str = "search",
                     ylabel: str = "") -> Draw:
-    """The best value of ``metric`` of each run of ``condition`` against its searched ``key``;
-    full-budget trials as dots, trials stopped early or failed as crosses."""
+    """The best value of ``metric`` of each full-budget run of ``condition`` against its searched
+    ``key``, the value the condition chose marked with a star; trials stopped early or failed are
+    crosses on the x axis, labelled with the epoch they reached, so their short-run values do not
+    set the scale."""
 
     def draw(runs: RunSet, ax: Any) -> bool:
         rows = runs.where(phase=phase, condition=condition)
         if rows.empty or key not in rows:
             return False
-        for full, marker, label in ((True, "o", "full budget"), (False, "x", "stopped early / failed")):
-            part = rows[(rows["budget_complete"] == "true") == full]
-            best = [max(runs.history(r, metric)[1] or [math.nan]) for r in part["run_id"]]
-            ax.scatter(part[key], best, marker=marker, label=label)
+        full = rows[rows["budget_complete"] == "true"]
+        best = [max(runs.history(r, metric)[1] or [math.nan]) for r in full["run_id"]]
+        ax.scatter(full[key], best, marker="o", label="full budget")
+        chosen = chosen_value(runs, key, condition)
+        if chosen is not None and len(full):
+            at = int(np.argmin(np.abs(full[key].to_numpy(dtype=float) - chosen)))
+            ax.scatter([chosen], [best[at]], marker="*", s=160, color="C3", zorder=3,
+                       label=f"chosen: {key.split('.')[-1]}={chosen:.3g}")
+        stopped = rows[rows["budget_complete"] != "true"]
+        if len(stopped):
+            transform = ax.get_xaxis_transform()  # x in data, y in axes fractions
+            ax.scatter(stopped[key], [0.03] * len(stopped), marker="x", color="C1",
+                       transform=transform, clip_on=False, label="stopped early / failed")
+            for value, epochs in zip(stopped[key], stopped["epochs"], strict=True):
+                ax.annotate(f"e{epochs}" if epochs not in ("", None) else "failed",
+                            (value, 0.03), xycoords=transform, xytext=(0, 6),
+                            textcoords="offset points", fontsize=6, ha="center")
         ax.set_xlabel(key)
         ax.set_ylabel(ylabel or f"best {metric}")
         _legend(ax)
@@ -127,24 +225,31 @@ def metric_vs_value(metric: str, key: str, condition: str, *, phase: str = "sear
 def series_per_condition(series: str, *, phase: str = "confirm", ylabel: str = "",
                          metric: bool = False) -> Draw:
     """A per-step series (``trajectory/<series>``), or with ``metric=True`` a per-epoch metric, of
-    every run of ``phase``, one colour per condition (AdOpt's K, COCOS counts over training)."""
+    the runs of ``phase``, one colour per condition: the runs' mean with a band from the lowest to
+    the highest (AdOpt's K, COCOS counts over training)."""
 
     def draw(runs: RunSet, ax: Any) -> bool:
         rows = runs.where(phase=phase)
-        conditions = list(dict.fromkeys(rows.get("condition", [])))
         key = series if metric else f"trajectory/{series}"
-        seen: set[str] = set()
-        for _, run in rows.iterrows():
-            steps, values = runs.history(run["run_id"], key)
-            if not steps:
+        drawn = False
+        for c, condition in enumerate(dict.fromkeys(rows.get("condition", []))):
+            histories = [runs.history(r, key) for r in rows[rows["condition"] == condition]["run_id"]]
+            histories = [h for h in histories if h[0]]
+            if not histories:
                 continue
-            ax.plot(steps, values, color=f"C{conditions.index(run['condition']) % 10}", lw=1.0,
-                    alpha=0.8, label=None if run["condition"] in seen else run["condition"])
-            seen.add(run["condition"])
+            x, mean, low, high = mean_band(histories)
+            colour = f"C{c % 10}"
+            label = condition if len(histories) == 1 else f"{condition} (mean of {len(histories)})"
+            ax.plot(x, mean, color=colour, lw=1.2, label=label)
+            if len(histories) > 1:
+                ax.fill_between(x, low, high, color=colour, alpha=0.2, lw=0)
+            drawn = True
         ax.set_xlabel("epoch" if metric else "training step")
+        if metric:
+            _integer_ticks(ax)
         ax.set_ylabel(ylabel or series)
         _legend(ax)
-        return bool(seen)
+        return drawn
 
     return draw
 

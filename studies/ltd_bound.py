@@ -76,10 +76,11 @@ def figure_3(condition: str = "lagrangian") -> tuple[Figure, ...]:
     best validation rsum against eta, and every run's validation rsum per epoch."""
     return (
         Figure("lambda_per_eta", "lambda during training, per eta (search trials)",
-               series_by_value("lambda", "objective.eta", condition, floor=1e-3,
-                               ylabel="lambda (log scale, 0 shown at 1e-3)"), log_y=True),
+               series_by_value("lambda", "objective.eta", condition, log=True,
+                               ylabel="lambda (log scale; a line ends where lambda reached 0)"),
+               log_y=True),
         Figure("lrec_per_eta", "L_rec during training, per eta (dotted: the bound)",
-               series_by_value("L_rec", "objective.eta", condition, reference="dual")),
+               series_by_value("L_rec", "objective.eta", condition, reference="dual", bound=True)),
         Figure("best_val_rsum_vs_eta", "best validation rsum against eta (search trials)",
                metric_vs_value("val_rsum", "objective.eta", condition)),
         Figure("val_rsum_per_epoch", "validation rsum per epoch", metric_per_epoch()),
