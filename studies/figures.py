@@ -63,12 +63,13 @@ def metric_per_epoch(metric: str = "val_rsum", ylabel: str = "validation rsum") 
 
 def series_by_value(
     series: str, key: str, condition: str, *, phase: str = "search", floor: float | None = None,
-    reference: str | None = None, ylabel: str = "",
+    reference: str | None = None, ylabel: str = "", bound: bool = False,
 ) -> Draw:
     """A per-step series (``trajectory/<series>``) of each run of ``condition``, coloured by the
     value of the searched ``key`` (LTD Figure 3: lambda and L_rec per eta). ``floor`` clips values
     from below (for a log scale); ``reference`` draws that condition's runs in grey for comparison;
-    with ``series="L_rec"`` and ``key="objective.eta"`` each bound is drawn as a dotted line."""
+    with ``bound`` each run's value of ``key`` is drawn as a dotted line in its colour (the series
+    is bounded by it: L_rec <= eta)."""
 
     def draw(runs: RunSet, ax: Any) -> bool:
         import matplotlib
@@ -89,7 +90,7 @@ def series_by_value(
             color = cmap(norm(run[key]))
             ax.plot(steps, values, color=color, lw=1.2, marker="." if len(steps) < 30 else None,
                     label=f"{key.split('.')[-1]}={run[key]:.3g}")
-            if series == "L_rec" and key == "objective.eta":
+            if bound:
                 ax.axhline(run[key], color=color, lw=0.6, ls=":")
             drawn = True
         for _, run in runs.where(phase=phase, condition=reference).iterrows() if reference else ():
