@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from icr.analysis import Analysis
+from icr.analysis import Analysis, build_analysis, check_analyses
 from icr.config import ExperimentConfig, split_list, to_flat
 from icr.context import TaskContext
 from icr.errors import ConfigError
@@ -176,8 +176,6 @@ def _result(state: LoopState, task: Task, checkpoint: Path) -> FitResult:
 
 def build_analyses(config: ExperimentConfig, task: Task) -> dict[str, Analysis]:
     """The analyses of ``eval.analyses``, each checked against the task and its data now."""
-    from icr.analysis import build_analysis, check_analyses
-
     names = split_list(config.eval.analyses)
     if not names:
         return {}
