@@ -93,7 +93,7 @@ class DataConfig:
     cxc_test: str = _field("", "CxC sits CSV for test ('' = the benchmark's own, if any)", path=())
     cxc_min_score: float = _field(3.0, "CxC agg_score at or above which a pair is positive", low=0, high=5)
     relevance: str = _field(
-        "auto", "nDCG relevance: auto (the dataset's semantic matrix, else rouge), semantic, "
+        "auto", "nDCG relevance: auto (the matrix the dataset ships, else rouge), semantic, "
         "rouge, none, or a path to an .npy matrix", path=("auto", "semantic", "rouge", "none")
     )
     image_size: int = _field(64, "images are resized to this square size", low=16)

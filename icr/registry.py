@@ -34,14 +34,18 @@ class Registry(Generic[T]):
         kind: what is registered, for messages ("contrastive loss").
         section: the config section whose fields the builders take as keyword arguments.
         package: dotted package(s) whose modules are imported before names are looked up.
+        requires: what every registration must declare beyond its builder (``meta`` keys, e.g.
+            ``("task", "needs")`` for an analysis).
     """
 
     def __init__(
-        self, kind: str, *, section: str | None = None, package: str | tuple[str, ...] | None = None
+        self, kind: str, *, section: str | None = None, package: str | tuple[str, ...] | None = None,
+        requires: tuple[str, ...] = (),
     ) -> None:
         self.kind = kind
         self.section = section
         self.packages = (package,) if isinstance(package, str) else tuple(package or ())
+        self.requires = requires
         self._items: dict[str, T] = {}
         self._extra_reads: dict[str, tuple[str, ...]] = {}
         self._meta: dict[str, dict[str, Any]] = {}
@@ -55,6 +59,10 @@ class Registry(Generic[T]):
         loads). ``meta`` holds what others must know before building it (e.g. ``input="regions"``
         for an image encoder that reads region features): :meth:`meta`.
         """
+
+        missing = [key for key in self.requires if key not in meta]
+        if missing:
+            raise TypeError(f"{self.kind} {name!r} must be registered with {', '.join(missing)}=")
 
         def decorator(fn: T) -> T:
             if name in self._items:

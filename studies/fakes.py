@@ -65,13 +65,14 @@ class FakeFit:
             start, history, trajectory = state["epoch"], state["history"], state["trajectory"]
         record = self._record_start(root, start)
         failing = any(flat.get(k) == v for k, v in self.fail_on)
+        logs = _logged_terms(config)
         for epoch in range(start, config.epochs):
             if failing and epoch + 1 == self.fail_epoch:
                 raise TrainingError(f"non-finite loss at epoch {epoch + 1} (fake)")
             while self.gate and epoch >= self.hold_after and not (Path(self.gate) / "go").exists():
                 time.sleep(0.05)  # held by the test, not timed
             time.sleep(self.epoch_seconds)
-            metrics, rows = self._epoch(flat, epoch)
+            metrics, rows = self._epoch(flat, epoch, *logs)
             best = max([h["val_rsum"] for h in history] + [metrics["val_rsum"]])
             metrics["best_val_rsum"] = best
             metrics["best_epoch"] = next(
@@ -93,10 +94,9 @@ class FakeFit:
                          {k[4:]: v for k, v in best.items() if k.startswith("val_")},
                          test or None, history, trajectory, checkpoint)
 
-    def _epoch(self, flat: dict[str, Any], epoch: int) -> tuple[dict[str, float], list[dict]]:
+    def _epoch(self, flat: dict[str, Any], epoch: int, lagrangian: bool, reconstruction: bool
+               ) -> tuple[dict[str, float], list[dict]]:
         eta = float(flat["objective.eta"])
-        lagrangian = flat["objective.name"] == "lagrangian"
-        reconstruction = flat["decoder.name"] != "none"
         quality = 300.0 - (4000.0 * (eta - 0.17) ** 2 if lagrangian else 20.0)
         noise = random.Random(flat["train.seed"] * 1000 + epoch).uniform(-1.0, 1.0)
         rsum = quality * (1.0 - math.exp(-(epoch + 1) / 2.0)) + noise
@@ -151,3 +151,15 @@ class FakeFit:
 
 def fake_prepare(config: ExperimentConfig, workspace: Any) -> str:
     return f"fake-{config.data.preset}-{config.data.seed}"
+
+
+def _logged_terms(config: ExperimentConfig) -> tuple[bool, bool]:
+    """What the real ``fit`` of ``config`` logs besides L_con: lambda (its objective has a
+    multiplier, the Lagrangian bound on L_rec) and L_rec (it has a decoder), read from the
+    components the config builds rather than from their names."""
+    from icr.models.build import build_decoder
+    from icr.objectives import build_objective
+
+    multiplier = "lambda" in build_objective(config.objective).metrics()
+    decoder = build_decoder(config, vocab_size=8, target_dim=4) is not None
+    return multiplier, decoder

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from icr.analysis import check_analyses
 from icr.config import ExperimentConfig, Scalar, check_paths, from_flat, parse_value, to_flat
 from icr.errors import ConfigError, UserError
 from icr.train.tasks import check as check_task
@@ -158,11 +159,12 @@ def _conditions(study: Study, options: Options) -> tuple[ConditionPlan, ...]:
         config = from_flat(flat)  # validates every value
         check_paths(config)
         check_task(config)
+        check_analyses(config, study.analyses)  # each analysis fits the condition's task and data
         flat = {k: v for k, v in to_flat(config).items() if k in flat}
         domains = {k: d for k, d in section.domains.items() if k not in user}
         for domain in domains.values():  # every searched value must make a valid config too
             for value in domain.values:
-                from_flat({domain.key: value}, config)
+                check_analyses(from_flat({domain.key: value}, config), study.analyses)
         out.append(ConditionPlan(condition.name, condition.label, flat, domains, config))
     return tuple(out)
 

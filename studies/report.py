@@ -67,12 +67,16 @@ def _fmt(value: Any) -> str:
     return f"{value:.3g}" if isinstance(value, float) else str(value)
 
 
-def add_ensemble(runs: RunSet, tracker: Tracker, parent_id: str, workspace: Workspace) -> bool:
-    """Evaluate the best condition (mean test rsum) as an ensemble of its seeds; True if logged."""
+def add_ensemble(study: Study, runs: RunSet, tracker: Tracker, parent_id: str,
+                 workspace: Workspace) -> bool:
+    """Evaluate the best condition (the mean test value of the study's metric, e.g. test_rsum)
+    as an ensemble of its seeds; True if logged."""
+    metric = "test_" + study.metric.removeprefix("val_")
     finished = runs.finished("confirm")
-    if finished.empty or "test_rsum" not in finished:
+    if finished.empty or metric not in finished:
         return False
-    best = finished.groupby("condition")["test_rsum"].mean().idxmax()
+    means = finished.groupby("condition")[metric].mean()
+    best = means.idxmax() if study.mode == "max" else means.idxmin()
     from studies.ensembles import ensemble_of
 
     return ensemble_of(runs, best, tracker, parent_id, workspace) is not None
@@ -158,8 +162,8 @@ def build_report(study: Study, tracker: Tracker, out: Path, parent_id: str | Non
     runs = load_runs(tracker, parent.info.run_id)
     if runs.frame.empty:
         raise UserError(f"the study run {parent.info.run_id} has no trial yet")
-    if study.ensemble and workspace is not None and add_ensemble(runs, tracker, parent.info.run_id,
-                                                                 workspace):
+    if study.ensemble and workspace is not None and add_ensemble(study, runs, tracker,
+                                                                 parent.info.run_id, workspace):
         runs = load_runs(tracker, parent.info.run_id)
     tags = parent.data.tags
     searched = {c.name: [k for k in tags.get(f"searched.{c.name}", "").split(",") if k]

@@ -12,9 +12,9 @@ import torch.nn.functional as F
 from icr.analysis.cocos import (
     COCOS_COUNTERS,
     COCOS_KEYS,
-    NTXENT_KEYS,
     build_counter,
     cocos_over_split,
+    counter_options,
     smoothap_contributing_counts,
     summarize_batches,
     triplet_active_counts,
@@ -168,6 +168,20 @@ def test_counters_for_every_loss_of_the_paper():
         build_counter("nt_xent")
 
 
+@pytest.mark.parametrize("name", COCOS_COUNTERS.names())
+def test_every_counter_counts_a_registered_loss_on_its_training_batches(name):
+    from icr.losses import LOSSES
+
+    assert name in LOSSES
+    assert COCOS_COUNTERS.meta(name)["sampler"] in ("pairs", "images")
+    assert set(counter_options(name)) <= {*LOSSES.options(name), "eps"}
+
+
+def test_smoothap_is_counted_over_image_batches_as_the_paper_trains_it():
+    # section 5: SmoothAP trains on batches of 128 images with all their captions
+    assert COCOS_COUNTERS.meta("smoothap")["sampler"] == "images"
+
+
 def _split(n_img: int = 30, per_image: int = 5, dim: int = 16, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     caption_image = torch.arange(n_img).repeat_interleave(per_image)
@@ -178,31 +192,22 @@ def _split(n_img: int = 30, per_image: int = 5, dim: int = 16, seed: int = 0):
     return images, captions, caption_image
 
 
-@pytest.mark.parametrize(
-    "loss, options, batches",
-    [
-        ("triplet", {"margin": 0.2}, "pairs"),
-        ("triplet_all", {"margin": 0.2}, "pairs"),
-        ("infonce", {"tau": 0.1, "eps": 0.01}, "pairs"),
-        ("smoothap", {"tau": 0.01}, "images"),
-    ],
-)
-def test_over_split_is_mean_and_std_over_training_batches(loss, options, batches):
+@pytest.mark.parametrize("loss", COCOS_COUNTERS.names())
+def test_over_split_is_mean_and_std_over_training_batches(loss):
     images, captions, caption_image = _split()
-    got = cocos_over_split(images, captions, caption_image, loss, batch_size=8, seed=3, **options)
-    if batches == "images":
+    got = cocos_over_split(images, captions, caption_image, loss, batch_size=8, seed=3)
+    if COCOS_COUNTERS.meta(loss)["sampler"] == "images":
         sampler = ImageBatchSampler(caption_image, 8, seed=3)
     else:
         sampler = PairBatchSampler(caption_image, 8, seed=3)
     rows = []
     for batch in sampler:
         idx = caption_image[batch]
-        rows.append(COCOS_COUNTERS.get(loss)(images[idx] @ captions[batch].t(), idx, **options))
+        rows.append(COCOS_COUNTERS.get(loss)(images[idx] @ captions[batch].t(), idx))
     assert got["cocos_batches"] == len(rows) == len(sampler)
-    keys = COCOS_KEYS + (NTXENT_KEYS if loss == "infonce" else ())
-    assert {f"cocos_{d}_{k}_{s}" for d in ("i2t", "t2i") for k in keys for s in ("mean", "std")} | {
-        "cocos_batches"
-    } == set(got)
+    assert {f"{d}_{k}" for d in ("i2t", "t2i") for k in COCOS_KEYS} <= set(rows[0])
+    assert {f"cocos_{k}_{s}" for k in rows[0] for s in ("mean", "std")} | {"cocos_batches"} \
+        == set(got)
     for key in rows[0]:
         values = np.array([row[key] for row in rows])
         assert not np.isnan(values).any() or key.endswith("_contributing_nonempty")

@@ -6,12 +6,13 @@ from __future__ import annotations
 import copy
 import json
 import math
-from types import SimpleNamespace
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from icr.data.datasets import DatasetSource
 from icr.grounding.train import GroundingData, GroundingTask, prepare_grounding_data
 from icr.grounding.words import WordEncoder
 
@@ -31,17 +32,23 @@ def _encoder(captions: list[str]) -> WordEncoder:
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory) -> GroundingData:
+def inputs(tmp_path_factory) -> tuple[DatasetSource, Path, WordEncoder]:
+    """The tiny benchmark as a dataset source, a cache folder and a tiny word encoder."""
     from icr.data.synthetic.writer import generate
 
     root = generate(tmp_path_factory.mktemp("shapes") / "tiny", "tiny", 0, workers=1)
     scenes = json.loads((root / "dataset_shapes.json").read_text())
     captions = [s["raw"] for im in scenes["images"] for s in im["sentences"]]
-    source = SimpleNamespace(root=root, regions_dir=root / "precomp",
-                             entities_dir=root / "entities")
-    return prepare_grounding_data(source, tmp_path_factory.mktemp("cache"), shapes=True,
-                                  negatives="random", num_negatives=4, lang_negatives=2,
-                                  encoder=_encoder(captions))
+    source = DatasetSource(root, {}, regions_dir=root / "precomp", entities_dir=root / "entities",
+                           ground_truth=root / "scenes.json")
+    return source, tmp_path_factory.mktemp("cache"), _encoder(captions)
+
+
+@pytest.fixture(scope="module")
+def data(inputs) -> GroundingData:
+    source, cache, encoder = inputs
+    return prepare_grounding_data(source, cache, negatives="random", num_negatives=4,
+                                  lang_negatives=2, encoder=encoder)
 
 
 def _task(data: GroundingData, **overrides) -> GroundingTask:
@@ -76,6 +83,32 @@ def test_without_negatives_only_l_img_is_trained(data):
     logs = _task(plain).train_epoch(0)
     assert set(logs) == {"train_loss", "train_L_img"}
     assert set(_task(data, lang_weight=0.0).train_epoch(0)) == {"train_loss", "train_L_img"}
+
+
+def test_the_none_generator_runs_through_its_builder_and_leaves_l_lang_out(inputs, data):
+    from icr.grounding.negatives import negative_captions, noun_positions
+
+    captions = list(data.splits["train"].captions)
+    made = negative_captions("none", captions, noun_positions(captions), None)
+    assert made.generator == "none" and len(made) == len(captions) and not made.has_substitutes
+    assert (made.word_index >= 0).any()  # a noun is masked as for any generator, none replaced
+    source, cache, encoder = inputs
+    plain = prepare_grounding_data(source, cache, negatives="none", encoder=encoder)
+    assert plain.negatives is None and plain.candidates is None
+    assert set(_task(plain).train_epoch(0)) == {"train_loss", "train_L_img"}
+    assert data.negatives is not None and data.negatives.has_substitutes
+
+
+def test_the_task_offers_what_it_registered(data):
+    from icr.context import Attention, GroundingInputs, ImageFiles, Scenes
+    from icr.train.tasks import TASKS
+
+    offered = {type(c): c for c in _task(data).capabilities()}
+    assert set(TASKS.meta("grounding")["provides"]) <= set(offered)
+    assert {Scenes, ImageFiles} <= set(offered)  # the tiny benchmark's ground truth and images
+    assert offered[GroundingInputs].data is data
+    attention = offered[Attention].attention("val")  # (C, P, R)
+    assert attention.shape[0] == data.splits["val"].num_captions
 
 
 def test_evaluation_metrics_and_attention(data):

@@ -1,4 +1,5 @@
-"""Every registered component, built from a config the way a trial builds it.
+"""Every registered component, built from a config the way a trial builds it, and every registry
+finding its components by scanning its package.
 
 Parametrised over the registries, so a new encoder, pooling or decoder is tested for building,
 forward, backward and finite values without a new test (each also has its own oracle tests).
@@ -6,15 +7,23 @@ forward, backward and finite values without a new test (each also has its own or
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+import sys
+
 import pytest
 import torch
 
-from icr.config import from_flat, used_keys
+from icr.config import from_flat, key_specs, used_keys
 from icr.models.build import build_decoder, build_dual_encoder, caption_input_kind
 from icr.models.decoders import DECODERS
 from icr.models.image import IMAGE_ENCODERS
 from icr.models.pooling import POOLINGS
 from icr.models.text import TEXT_ENCODERS
+
+# Every registry: those whose names a config key takes, and the COCOS counters (one per loss).
+REGISTRIES = sorted({spec.registry for spec in key_specs().values() if spec.registry}
+                    | {"icr.analysis.cocos:COCOS_COUNTERS"})
 
 VOCAB, REGION_DIM, BATCH = 30, 12, 4
 SMALL = {"model.embed_dim": 16, "text.hidden_dim": 16, "text.word_dim": 8, "image.hidden_dim": 16,
@@ -94,3 +103,22 @@ def test_every_decoder_builds_and_reconstructs(name):
     assert loss.dim() == 0 and torch.isfinite(loss)
     loss.backward()
     assert captions.grad is not None and torch.isfinite(captions.grad).all()
+
+
+@pytest.mark.parametrize("path", REGISTRIES)
+def test_every_registry_discovers_its_package(path):
+    """Asking for the names imports every module of the registry's package, and every name is
+    registered inside that package: a new component is one new module there, nothing else."""
+    from icr.registry import resolve
+
+    registry = resolve(path)
+    assert registry.packages, f"{path} scans no package"
+    names = registry.names()
+    assert names
+    for package in registry.packages:
+        for module in pkgutil.iter_modules(importlib.import_module(package).__path__):
+            if not module.name.startswith("_"):
+                assert f"{package}.{module.name}" in sys.modules
+    for name in names:
+        module = registry.get(name).__module__
+        assert module.startswith(tuple(f"{p}." for p in registry.packages)), (name, module)

@@ -121,6 +121,29 @@ def test_set_pins_a_searched_key_and_overrides_win(tmp_path: Path) -> None:
         StudyPlan.build(study, Options(overrides={"loss.tau": "-1"}))
 
 
+def test_an_analysis_that_cannot_run_on_a_condition_stops_the_plan(tmp_path: Path) -> None:
+    study = _study(tmp_path, "space:\n  optim.lr: {loguniform: [1.0e-4, 1.0e-3]}\n",
+                   analyses=("cocos",), conditions=(Condition("g", "G", {"task.name": "grounding"}),))
+    with pytest.raises(ConfigError) as info:
+        StudyPlan.build(study, Options())
+    assert str(info.value) == ("eval.analyses=cocos runs on a retrieval task, but this condition "
+                               "trains task.name=grounding; drop cocos or use task.name=retrieval")
+
+
+def test_a_searched_choice_an_analysis_cannot_run_on_stops_the_plan(tmp_path: Path) -> None:
+    from icr.analysis.cocos import COCOS_COUNTERS
+    from icr.losses import LOSSES
+
+    without = [n for n in LOSSES.names() if n not in COCOS_COUNTERS]
+    if not without:
+        pytest.skip("every registered loss has a COCOS counter")
+    space = f"space:\n  loss.name: {{choice: [{COCOS_COUNTERS.names()[0]}, {without[0]}]}}\n"
+    study = _study(tmp_path, space, analyses=("cocos",), conditions=(Condition("c", "C", {}),))
+    with pytest.raises(ConfigError, match=f"^eval.analyses=cocos needs a COCOS counter of the "
+                                          f"run's loss, and loss.name={without[0]} has none"):
+        StudyPlan.build(study, Options())
+
+
 def test_unknown_study_lists_the_known_ones() -> None:
     with pytest.raises(ConfigError, match="ltd_bound"):
         get_study("ltd_boudn")

@@ -25,11 +25,18 @@ import torch
 
 from icr.analysis import ANALYSES
 from icr.analysis.probe import ProbeResult, probe, split_targets
+from icr.config import ExperimentConfig
+from icr.context import (
+    Embedder,
+    Embeddings,
+    InitialEmbeddings,
+    RetrievalInputs,
+    Scenes,
+    TaskContext,
+)
 from icr.data.captions import VocabInput
-from icr.data.pipeline import encode_split_captions
+from icr.data.pipeline import PreparedData, encode_split_captions
 from icr.data.synthetic import load_scenes
-from icr.errors import ConfigError
-from icr.seeding import seed_everything
 
 MIN_POSITIVES = 20  # a value is probed only with this many positives and negatives per split
 
@@ -75,16 +82,13 @@ def _flatten(prefix: str, sides: dict[str, ProbeResult]) -> dict[str, float]:
             for side, result in sides.items() for family, auc in result.per_family.items()}
 
 
-@ANALYSES.register("probe")
-def attribute_probes(*, task: object) -> Callable[[Path], dict[str, float]]:
+@ANALYSES.register("probe", task="retrieval",
+                   needs=(Embeddings, InitialEmbeddings, RetrievalInputs, Scenes))
+def attribute_probes(*, context: TaskContext) -> Callable[[Path], dict[str, float]]:
     """Probes of the best checkpoint's embeddings, with the input, init and random references."""
-    data = task.data  # type: ignore[attr-defined]
-    if not hasattr(task, "embed_split"):
-        raise ConfigError("eval.analyses=probe needs a retrieval task (task.name=retrieval)")
-    if data.source.ground_truth is None:
-        raise ConfigError("eval.analyses=probe needs the embedded benchmark's ground truth "
-                          "(scenes.json); use data.dataset=shapes or drop the probe analysis")
-    scenes = load_scenes(data.root)
+    embeddings, initial = context.get(Embeddings), context.get(InitialEmbeddings)
+    data = context.get(RetrievalInputs).data
+    scenes = load_scenes(context.get(Scenes).root)
     pairs = {s: split_targets(scenes, data.splits[s]) for s in ("train", "test")}
     targets = Targets({s: p[0] for s, p in pairs.items()}, {s: p[1] for s, p in pairs.items()})
 
@@ -95,10 +99,10 @@ def attribute_probes(*, task: object) -> Callable[[Path], dict[str, float]]:
         def sides(train: Features, test: Features) -> dict[str, ProbeResult]:
             return probe_sides(train, test, targets, min_positives)
 
-        trained = sides(task.embed_split("train"), task.embed_split("test"))
+        trained = sides(embeddings.embed("train"), embeddings.embed("test"))
         metrics = _flatten("probe", trained)
-        refs = {"input": _input_features(data), "init": _init_features(task),
-                "random": _random_features(targets, task.config)}  # type: ignore[attr-defined]
+        refs = {"input": _input_features(data), "init": _both_splits(initial.build()),
+                "random": _random_features(targets, context.config)}
         ref_results = {name: sides(*features) for name, features in refs.items()}
         for name, sides in ref_results.items():
             metrics.update(_flatten(f"probe_ref/{name}", sides))
@@ -108,29 +112,22 @@ def attribute_probes(*, task: object) -> Callable[[Path], dict[str, float]]:
     return run
 
 
-def _input_features(data: object) -> tuple[Features, Features]:
+def _input_features(data: PreparedData) -> tuple[Features, Features]:
     def side(split: str) -> Features:
-        clean = VocabInput(data.vocab, 10_000, 0.0, 0.0)  # type: ignore[attr-defined]
-        ids = encode_split_captions(data.splits[split], clean)  # type: ignore[attr-defined]
-        return (input_image_features(data.images[split]),  # type: ignore[attr-defined]
-                bag_of_words(ids, len(data.vocab)))  # type: ignore[attr-defined]
+        clean = VocabInput(data.vocab, 10_000, 0.0, 0.0)
+        ids = encode_split_captions(data.splits[split], clean)
+        return input_image_features(data.images[split]), bag_of_words(ids, len(data.vocab))
 
     return side("train"), side("test")
 
 
-def _init_features(task: object) -> tuple[Features, Features]:
-    """Embeddings of the model at its initialisation: rebuilt exactly as ``fit`` built it."""
-    from icr.train.retrieval import RetrievalTask
-
-    config = task.config  # type: ignore[attr-defined]
-    seed_everything(config.train.seed)
-    fresh = RetrievalTask(config, task.prepared, task.device, task.cache)  # type: ignore[attr-defined]
-    return fresh.embed_split("train"), fresh.embed_split("test")
+def _both_splits(embed: Embedder) -> tuple[Features, Features]:
+    return embed("train"), embed("test")
 
 
-def _random_features(targets: Targets, config: object) -> tuple[Features, Features]:
-    g = np.random.default_rng(config.train.seed)  # type: ignore[attr-defined]
-    dim = config.model.embed_dim  # type: ignore[attr-defined]
+def _random_features(targets: Targets, config: ExperimentConfig) -> tuple[Features, Features]:
+    g = np.random.default_rng(config.train.seed)
+    dim = config.model.embed_dim
     train, test = ((g.normal(size=(len(targets.image[s]), dim)),
                     g.normal(size=(len(targets.caption[s]), dim))) for s in ("train", "test"))
     return train, test

@@ -55,13 +55,17 @@ import inspect
 import logging
 import math
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from icr.data.sampler import ImageBatchSampler, PairBatchSampler
+from icr.analysis import ANALYSES
+from icr.config import ExperimentConfig
+from icr.context import Embeddings, RetrievalInputs, TaskContext
+from icr.data.sampler import build_batch_sampler
 from icr.errors import ConfigError
 from icr.losses.contrastive import negative_mask
 from icr.losses.smoothap import image_caption_matrix, positive_slots, smooth_step
@@ -74,7 +78,9 @@ COCOS_KEYS = ("contributing", "contributing_nonempty", "contributing_all", "batc
               "zero_queries")
 NTXENT_KEYS = ("negative_weight", "positive_weight")
 
-COCOS_COUNTERS: Registry[Callable[..., dict[str, float]]] = Registry("COCOS counter")
+# A counter registers the batches its loss trains on (``sampler=``: ``pairs`` or ``images``).
+COCOS_COUNTERS: Registry[Callable[..., dict[str, float]]] = Registry(
+    "COCOS counter", package="icr.analysis", requires=("sampler",))
 
 
 def summarize_counts(per_query: Tensor, prefix: str) -> dict[str, float]:
@@ -120,7 +126,7 @@ def triplet_active_counts(
     return active_i2t.sum(1), active_t2i.sum(0)
 
 
-@COCOS_COUNTERS.register("triplet")
+@COCOS_COUNTERS.register("triplet", sampler="pairs")
 def triplet_sh_cocos(
     sims: Tensor, image_ids: Tensor | None = None, *, margin: float = 0.2
 ) -> dict[str, float]:
@@ -129,7 +135,7 @@ def triplet_sh_cocos(
     return summarize_counts(i2t, "i2t_") | summarize_counts(t2i, "t2i_")
 
 
-@COCOS_COUNTERS.register("triplet_all")
+@COCOS_COUNTERS.register("triplet_all", sampler="pairs")
 def triplet_all_cocos(
     sims: Tensor, image_ids: Tensor | None = None, *, margin: float = 0.2
 ) -> dict[str, float]:
@@ -160,7 +166,7 @@ def ntxent_weights(
     return weights, negatives, weights.diagonal()
 
 
-@COCOS_COUNTERS.register("infonce")
+@COCOS_COUNTERS.register("infonce", sampler="pairs")
 def ntxent_cocos(
     sims: Tensor, image_ids: Tensor | None = None, *, tau: float = 0.1, eps: float = COCOS_EPS
 ) -> dict[str, float]:
@@ -218,7 +224,7 @@ def smoothap_contributing_counts(
     return i2t, t2i
 
 
-@COCOS_COUNTERS.register("smoothap")
+@COCOS_COUNTERS.register("smoothap", sampler="images")
 def smoothap_cocos(
     sims: Tensor, image_ids: Tensor | None = None, *, tau: float = 0.01, eps: float = COCOS_EPS
 ) -> dict[str, float]:
@@ -270,8 +276,9 @@ def cocos_over_split(
             ``smoothap``).
         batch_size: pairs per batch (``pairs``) or images per batch (``images``); 128 in the paper.
         seed: seed of the batch order.
-        sampler: ``pairs`` or ``images``; ``None`` takes the loss's training batches (``images``
-            for ``smoothap``, the paper's 128 images x 5 captions, ``pairs`` otherwise).
+        sampler: ``pairs`` or ``images``; ``None`` takes the batches the counter registered as
+            its loss's training batches (``images`` for ``smoothap``, the paper's 128 images x 5
+            captions; ``pairs`` for the others).
         **loss_options: the loss's options (``margin``, ``tau``) and ``eps``; see
             :func:`counter_options`.
 
@@ -284,13 +291,8 @@ def cocos_over_split(
         img_emb: ``(N_img, D)``; cap_emb: ``(N_cap, D)``; caption_image: ``(N_cap,)`` int.
     """
     counter = build_counter(loss_name, **loss_options)
-    sampler = sampler or ("images" if loss_name == "smoothap" else "pairs")
-    if sampler == "images":
-        batches = ImageBatchSampler(caption_image, batch_size, seed=seed)
-    elif sampler == "pairs":
-        batches = PairBatchSampler(caption_image, batch_size, seed=seed)
-    else:
-        raise ConfigError(f"COCOS sampler={sampler!r} is not one of pairs, images")
+    sampler = sampler or COCOS_COUNTERS.meta(loss_name)["sampler"]
+    batches = build_batch_sampler(sampler, caption_image, batch_size, seed=seed)
     caption_image = caption_image.to(device=img_emb.device, dtype=torch.long)
     rows: list[dict[str, float]] = []
     with torch.no_grad():
@@ -330,28 +332,31 @@ def summarize_batches(rows: list[dict[str, float]]) -> dict[str, float]:
 # --------------------------------------------------------------------------- the analysis
 
 
-def _analyses() -> Any:
-    from icr.analysis import ANALYSES
+def _has_counter(config: ExperimentConfig) -> None:
+    """The run's loss has a COCOS counter (checked when the study is planned)."""
+    name = config.loss.name
+    if name not in COCOS_COUNTERS:
+        raise ConfigError(f"eval.analyses=cocos needs a COCOS counter of the run's loss, and "
+                          f"loss.name={name} has none; use one of "
+                          f"{', '.join(COCOS_COUNTERS.names())}, or drop cocos")
 
-    return ANALYSES
 
-
-@_analyses().register("cocos")
-def cocos_analysis(*, task: Any) -> Callable[[Any], dict[str, float]]:
+@ANALYSES.register("cocos", task="retrieval", needs=(Embeddings, RetrievalInputs),
+                   check=_has_counter)
+def cocos_analysis(*, context: TaskContext) -> Callable[[Path], dict[str, float]]:
     """COCOS of the best checkpoint over the training split (``eval.analyses=cocos``), with the
     counter of the run's own loss and its options: ``cocos/{i2t,t2i}_{key}_{mean,std}``."""
     from icr.losses.contrastive import LOSSES
 
-    config = task.config
+    config = context.config
+    _has_counter(config)
     name = config.loss.name
-    if not hasattr(task, "embed_split") or name not in COCOS_COUNTERS:
-        raise ConfigError(f"eval.analyses=cocos needs a retrieval loss with a COCOS counter "
-                          f"({', '.join(COCOS_COUNTERS.names())}); loss.name is {name}")
     options = {k: getattr(config.loss, k) for k in LOSSES.options(name)}
+    embeddings = context.get(Embeddings)
+    caption_image = torch.as_tensor(context.get(RetrievalInputs).data.splits["train"].caption_image)
 
-    def run(out: Any) -> dict[str, float]:
-        img, cap = task.embed_split("train")  # (N_img, D), (N_cap, D), L2-normalised
-        caption_image = torch.as_tensor(task.data.splits["train"].caption_image)
+    def run(out: Path) -> dict[str, float]:
+        img, cap = embeddings.embed("train")  # (N_img, D), (N_cap, D), L2-normalised
         # Batches as the run trained on (the paper: its training batches of 128).
         t = config.train
         result = cocos_over_split(img, cap, caption_image, name, batch_size=t.batch_size,

@@ -23,64 +23,57 @@ import numpy as np
 import torch
 
 from icr.analysis import ANALYSES
-from icr.errors import ConfigError
+from icr.context import Attention, GroundingInputs, ImageFiles, Scenes, TaskContext
 from icr.metrics.grounding import phrase_region_scores
 
 EXAMPLES = 4  # test images drawn per run
 
 
-def _grounding(task: Any, analysis: str, truth: str | None = None) -> None:
-    """``analysis`` runs on a grounding task; with ``truth`` (what it reads of ``scenes.json``),
-    on the embedded benchmark only."""
-    if not hasattr(task, "attention"):
-        raise ConfigError(f"eval.analyses={analysis} needs a grounding run (task.name=grounding)")
-    if truth is not None and task.source.ground_truth is None:
-        raise ConfigError(f"eval.analyses={analysis} needs the embedded benchmark's {truth} "
-                          "(scenes.json); use data.dataset=shapes or drop the analysis")
-
-
-@ANALYSES.register("negative_quality")
-def negative_quality(*, task: Any) -> Callable[[Path], dict[str, float]]:
+@ANALYSES.register("negative_quality", task="grounding", needs=(GroundingInputs, Scenes))
+def negative_quality(*, context: TaskContext) -> Callable[[Path], dict[str, float]]:
     """The share of the run's negative captions that are true / false negatives."""
-    _grounding(task, "negative_quality", truth="ground truth")
     from icr.grounding.quality import load_shapes_truth
     from icr.grounding.quality import negative_quality as judge
 
+    negatives = context.get(GroundingInputs).data.negatives
+    root = context.get(Scenes).root
+
     def run(out: Path) -> dict[str, float]:
-        negatives = task.data.negatives
         if negatives is None:  # L_img only: no negative captions to judge
             return {}
-        verdicts = judge(load_shapes_truth(task.source.root, "train"), {"run": negatives})
+        verdicts = judge(load_shapes_truth(root, "train"), {"run": negatives})
         return {f"negatives/{k.removeprefix('run_')}": v for k, v in verdicts.items()}
 
     return run
 
 
-@ANALYSES.register("tagger_accuracy")
-def tagger_accuracy(*, task: Any) -> Callable[[Path], dict[str, float]]:
-    """How well the tagger finds the words the model grounds, against the benchmark's gold tags."""
-    _grounding(task, "tagger_accuracy", truth="gold tags")
+@ANALYSES.register("tagger_accuracy", task="grounding", needs=(GroundingInputs, Scenes))
+def tagger_accuracy(*, context: TaskContext) -> Callable[[Path], dict[str, float]]:
+    """How well the tagger finds the words the model grounds, against the benchmark's gold tags
+    (the grammar of the benchmark's captions, which comes with its scenes)."""
     from icr.grounding.words import tagger_accuracy as measure
 
+    captions = context.get(GroundingInputs).data.splits["train"].captions
+    context.get(Scenes)  # the captions are the embedded benchmark's, whose gold tags are known
+
     def run(out: Path) -> dict[str, float]:
-        captions = task.data.splits["train"].captions
         return {f"tagger/{k}": v for k, v in measure(captions).items()}
 
     return run
 
 
-@ANALYSES.register("grounding_examples")
-def grounding_examples(*, task: Any) -> Callable[[Path], dict[str, float]]:
+@ANALYSES.register("grounding_examples", task="grounding",
+                   needs=(GroundingInputs, Attention, ImageFiles))
+def grounding_examples(*, context: TaskContext) -> Callable[[Path], dict[str, float]]:
     """Test images with each phrase's top region and its ground truth, drawn to PNG files."""
-    _grounding(task, "grounding_examples")
-    images = task.source.root / "images"
-    if not images.is_dir():
-        raise ConfigError(f"eval.analyses=grounding_examples needs the images in {images}")
+    data = context.get(GroundingInputs).data
+    attention = context.get(Attention).attention
+    images = context.get(ImageFiles).folder
 
     def run(out: Path) -> dict[str, float]:
-        split = task.data.splits["test"]
-        piece_phrase = split.piece_phrase(task.data.words["test"].piece_word)  # (C, P)
-        scores = phrase_region_scores(task.attention("test"), torch.as_tensor(piece_phrase),
+        split = data.splits["test"]
+        piece_phrase = split.piece_phrase(data.words["test"].piece_word)  # (C, P)
+        scores = phrase_region_scores(attention("test"), torch.as_tensor(piece_phrase),
                                       len(split.phrase_caption))  # (F, R)
         for image in range(min(EXAMPLES, len(split.image_ids))):
             phrases = np.flatnonzero(split.phrase_image == image)

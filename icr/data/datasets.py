@@ -4,19 +4,26 @@ Each builder takes the ``data.*`` fields it needs as keyword arguments (and the 
 returns a :class:`DatasetSource`: the loaded splits plus the paths of the assets that come with the
 dataset (region features, CxC files, relevance matrices, ground truth for analyses). The data
 pipeline (:mod:`icr.data.pipeline`) turns a source into tensors; nothing else knows which dataset
-it is. A new dataset is a module with one ``@DATASETS.register(name)`` builder.
+it is. A dataset whose files give analyses something (ground truth, image files) registers it as
+``provides=`` (:mod:`icr.context`). A new dataset is a module with one ``@DATASETS.register(name)``
+builder.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from icr.context import ImageFiles, Scenes
 from icr.data import karpathy, precomp
 from icr.data.types import CaptionedImages
 from icr.errors import ConfigError
 from icr.registry import Registry
 from icr.workspace import Workspace
+
+if TYPE_CHECKING:
+    from icr.config import ExperimentConfig
 
 SPLITS = ("train", "val", "test")
 
@@ -32,7 +39,8 @@ class DatasetSource:
         splits: ``train``, ``val`` and ``test``, in evaluation order.
         regions_dir: a SCAN/BUTD folder of region features for these images, or ``None``.
         cxc: per evaluation split, the CxC sits CSV shipped with the dataset, or ``None``.
-        relevance: per evaluation split, named relevance matrices (``.npy``) shipped with it.
+        relevance: per evaluation split, named relevance matrices (``.npy``) shipped with it,
+            the one ``data.relevance=auto`` takes first.
         ground_truth: ``scenes.json`` of the embedded benchmark (attribute probes), or ``None``.
         entities_dir: a Flickr30K Entities folder (grounding), or ``None``.
         protocols: the evaluation protocols its test split is reported with.
@@ -52,7 +60,7 @@ def _existing(path: Path) -> Path | None:
     return path if path.exists() else None
 
 
-@DATASETS.register("shapes")
+@DATASETS.register("shapes", provides=(Scenes, ImageFiles))
 def shapes(*, preset: str, seed: int, root: str, workspace: Workspace) -> DatasetSource:
     """The embedded benchmark, generated into the workspace on first use."""
     from icr.data.synthetic import ensure_benchmark
@@ -109,7 +117,7 @@ def precomp_folder(*, precomp_dir: str, workspace: Workspace) -> DatasetSource:
                          protocols=("full", "coco_5fold_1k") if coco else ("full",))
 
 
-def load_source(config: object, workspace: Workspace) -> DatasetSource:
+def load_source(config: ExperimentConfig, workspace: Workspace) -> DatasetSource:
     """The :class:`DatasetSource` named by ``config.data.dataset``."""
-    data = config.data  # type: ignore[attr-defined]
+    data = config.data
     return DATASETS.build(data.dataset, data, workspace=workspace)

@@ -214,11 +214,12 @@ def eval_assets(
 def relevance_matrix(
     choice: str, source: DatasetSource, split: CaptionedImages, cache: Path
 ) -> np.ndarray | None:
-    """The nDCG relevance of a split: ``auto`` (the dataset's semantic matrix when it ships one,
-    else ROUGE-L), ``semantic``, ``rouge`` (TERN protocol, computed here), ``none``, or a path."""
+    """The nDCG relevance of a split: ``auto`` (the matrix the dataset ships, its first when it
+    ships several, else ROUGE-L), a shipped matrix by name (``semantic``), ``rouge`` (TERN
+    protocol, computed here), ``none``, or a path."""
     shipped = source.relevance.get(split.split, {})
     if choice == "auto":
-        choice = "semantic" if "semantic" in shipped else "rouge"
+        choice = next(iter(shipped), "rouge")
     if choice == "none":
         return None
     if choice == "rouge":

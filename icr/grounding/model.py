@@ -187,7 +187,9 @@ def _masked_softmax(scores: Tensor, mask: Tensor) -> Tensor:
     return torch.softmax(filled, dim=-1) * mask  # an image without regions attends to nothing
 
 
-GROUNDING_MODELS: Registry[Callable[..., nn.Module]] = Registry("grounding model")
+GROUNDING_MODELS: Registry[Callable[..., nn.Module]] = Registry(
+    "grounding model", package="icr.grounding"
+)
 
 
 @GROUNDING_MODELS.register("word_region")

@@ -13,7 +13,9 @@ registered by name in :data:`NEGATIVE_GENERATORS`:
   When the vocabulary has fewer nouns, there are fewer candidates and substitutes: all there are.
 - ``random`` (the paper's baseline, Table 2): ``num_negatives`` nouns drawn uniformly without
   replacement from the noun vocabulary, the true noun excluded.
-- ``none``: no substitutes (``L_lang`` off, ``L_img`` only).
+- ``none``: no substitutes, so nothing for ``L_lang`` to contrast: ``L_img`` only. It runs like
+  any other generator; the grounding task leaves ``L_lang`` out when no caption has a substitute
+  (:attr:`NegativeCaptions.has_substitutes`).
 
 The noun vocabulary is the set of nouns of the training captions, normalised
 (:func:`~icr.grounding.mlm.normalise_word`). Negatives are computed once per dataset and cached
@@ -64,7 +66,7 @@ NEGATIVES_VERSION = 1  # bump when cached negatives change meaning
 FEATURES_VERSION = 1
 
 NEGATIVE_GENERATORS: Registry[Callable[..., list[tuple[str, ...]]]] = Registry(
-    "negative generator"
+    "negative generator", package="icr.grounding"
 )
 
 
@@ -87,6 +89,12 @@ class NegativeCaptions:
 
     def __len__(self) -> int:
         return len(self.true_words)
+
+    @property
+    def has_substitutes(self) -> bool:
+        """Some caption has a substitute: there is something for ``L_lang`` to contrast (the
+        ``none`` generator proposes nothing, so a run with it trains ``L_img`` only)."""
+        return any(self.substitutes)
 
     def negative_tokens(self, tokens: Sequence[str], caption: int, k: int) -> list[str]:
         """Caption ``caption``'s tokens with its noun replaced by substitute ``k``."""
@@ -273,7 +281,7 @@ def negative_captions(
     """The negative captions of ``captions`` from generator ``generator``, computed once and cached.
 
     Args:
-        generator: a name of :data:`NEGATIVE_GENERATORS` (``context``, ``random``).
+        generator: a name of :data:`NEGATIVE_GENERATORS` (``context``, ``random``, ``none``).
         captions: the captions (whitespace-tokenised text).
         positions: per caption, the token indices of its nouns (:func:`noun_positions`).
         cache_dir: folder of the cache; ``None`` computes without caching.

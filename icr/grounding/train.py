@@ -44,8 +44,10 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from icr.context import Attention, Capability, GroundingInputs, dataset_capabilities
+from icr.data.datasets import DatasetSource, load_source
 from icr.errors import ConfigError, DataError, TrainingError
-from icr.grounding.data import GroundingSplit, load_grounding, load_shapes_grounding
+from icr.grounding.data import GroundingSplit, load_grounding
 from icr.grounding.losses import image_infonce_loss, language_infonce_loss
 from icr.grounding.mlm import HEAD_SOURCE
 from icr.grounding.model import build_grounding_model
@@ -66,7 +68,6 @@ logger = logging.getLogger(__name__)
 __all__ = ["GroundingData", "GroundingTask", "prepare_grounding_data"]
 
 SPLITS = ("train", "val", "test")
-NO_NEGATIVES = "none"
 NEGATIVES_SEED = 0  # which noun is masked and the masked-LM head's training: shared by all runs
 
 
@@ -79,19 +80,21 @@ class GroundingData:
         words: per split, the features of its selected words.
         negatives: the training captions' negative captions, or ``None`` (no ``L_lang``).
         candidates: the features of their true nouns and substitutes, or ``None``.
+        source: the dataset they were read from (its ground truth and images, for analyses), or
+            ``None`` for data assembled by hand.
     """
 
     splits: dict[str, GroundingSplit]
     words: dict[str, WordFeatures]
     negatives: NegativeCaptions | None = None
     candidates: CandidateFeatures | None = None
+    source: DatasetSource | None = None
 
 
-def _load_split(source: Any, split: str, shapes: bool, max_regions: int | None,
+def _load_split(source: DatasetSource, split: str, max_regions: int | None,
                 max_words: int | None) -> GroundingSplit:
-    if shapes:
-        return load_shapes_grounding(source.root, split, max_regions=max_regions,
-                                     max_words=max_words)
+    """A split from the dataset's region features and Flickr30K Entities folder (the embedded
+    benchmark ships both: ``precomp/`` and ``entities/``)."""
     if source.entities_dir is None or source.regions_dir is None:
         raise DataError(f"{source.root}: grounding needs a Flickr30K Entities folder and region "
                         "features beside the dataset; use data.dataset=shapes or a dataset "
@@ -101,10 +104,9 @@ def _load_split(source: Any, split: str, shapes: bool, max_regions: int | None,
 
 
 def prepare_grounding_data(
-    source: Any,
+    source: DatasetSource,
     cache_dir: Path,
     *,
-    shapes: bool,
     max_words: int | None = 6,
     max_regions: int | None = None,
     word_model: str = "all-MiniLM-L6-v2",
@@ -127,38 +129,40 @@ def prepare_grounding_data(
         source: a :class:`~icr.data.datasets.DatasetSource` (``root``, ``regions_dir``,
             ``entities_dir``).
         cache_dir: the cache folder of word features, negatives, the masked-LM head, candidates.
-        shapes: the embedded benchmark (its region boxes are continuous already).
         max_words: content words kept per training caption (evaluation splits keep all).
         max_regions: regions kept per image (the reference: 30); ``None``: all.
         word_model, word_pooling: the frozen word encoder and its pooling
             (:func:`~icr.grounding.words.word_features`).
-        negatives: a negative generator (``context``, ``random``) or ``none`` (no ``L_lang``).
+        negatives: a negative generator (``context``, ``random``, ...); one that proposes no
+            substitute (``none``) leaves ``L_lang`` out.
         num_negatives, num_candidates: substitutes kept and LM candidates (25 and 30).
         lang_negatives: the first substitutes that ``L_lang`` uses (their features are computed);
-            ``None``: all ``num_negatives``.
+            ``None``: all ``num_negatives``; 0: no ``L_lang`` (no negatives are made).
         negatives_seed: which noun is masked; the head's training; the random generator.
         mlm, mlm_epochs, mlm_lr: the masked LM (:func:`~icr.grounding.mlm.load_masked_noun_model`).
         device: where the encoders run.
         show_progress: tqdm bars.
         encoder: an already loaded word encoder (``word_model`` is then only its cache name).
     """
-    splits = {s: _load_split(source, s, shapes, max_regions, max_words if s == "train" else None)
+    splits = {s: _load_split(source, s, max_regions, max_words if s == "train" else None)
               for s in SPLITS}
     words = {s: word_features(list(splits[s].captions), splits[s].words, cache_dir,
                               model=word_model, pooling=word_pooling, device=device,
                               show_progress=show_progress, encoder=encoder) for s in SPLITS}
-    if negatives == NO_NEGATIVES or lang_negatives == 0 or num_negatives == 0:
-        return GroundingData(splits, words)
+    if lang_negatives == 0 or num_negatives == 0:
+        return GroundingData(splits, words, source=source)
     captions = list(splits["train"].captions)
     made = negative_captions(
         negatives, captions, noun_positions(captions), cache_dir, num_negatives=num_negatives,
         num_candidates=num_candidates, seed=negatives_seed, mlm_source=mlm, word_model=word_model,
         mlm_epochs=mlm_epochs, mlm_lr=mlm_lr, device=device, show_progress=show_progress,
         encoder=encoder)
+    if not made.has_substitutes:  # the generator proposes none (``none``): L_img only
+        return GroundingData(splits, words, source=source)
     candidates = candidate_features(captions, made, cache_dir, num_negatives=lang_negatives,
                                     model=word_model, device=device, show_progress=show_progress,
                                     encoder=encoder)
-    return GroundingData(splits, words, made, candidates)
+    return GroundingData(splits, words, made, candidates, source)
 
 
 def _rows(array: np.ndarray, index: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -376,21 +380,20 @@ class GroundingTask:
     def eval(self) -> None:
         self.model.eval()
 
+    def capabilities(self) -> tuple[Capability, ...]:
+        return (GroundingInputs(self.data), Attention(self.attention),
+                *dataset_capabilities(self.data.source))
+
 
 def _prepare(config: Any, workspace: Any, device: str | None, progress: bool = False
-             ) -> tuple[Any, GroundingData]:
-    from icr.data.datasets import load_source
-
+             ) -> GroundingData:
     g = config.grounding
-    source = load_source(config, workspace)
-    data = prepare_grounding_data(
-        source, workspace.cache / "grounding",
-        shapes=config.data.dataset == "shapes", max_words=g.max_words,
+    return prepare_grounding_data(
+        load_source(config, workspace), workspace.cache / "grounding", max_words=g.max_words,
         max_regions=g.max_regions or None, word_model=g.word_model, word_pooling=g.word_pooling,
-        negatives=g.negatives if g.lang_weight > 0 else NO_NEGATIVES,
-        num_negatives=g.num_negatives, num_candidates=g.mlm_candidates,
+        negatives=g.negatives, num_negatives=g.num_negatives, num_candidates=g.mlm_candidates,
+        lang_negatives=None if g.lang_weight > 0 else 0,  # without L_lang no negatives are made
         mlm=g.mlm_path or HEAD_SOURCE, device=device, show_progress=progress)
-    return source, data
 
 
 def prepare_grounding(config: Any, workspace: Any) -> str:
@@ -398,25 +401,24 @@ def prepare_grounding(config: Any, workspace: Any) -> str:
     driver; the fingerprint of the splits' captions."""
     import hashlib
 
-    _, data = _prepare(config, workspace, None, progress=True)
+    data = _prepare(config, workspace, None, progress=True)
     digest = hashlib.sha256()
     for split in SPLITS:
         digest.update("\n".join(data.splits[split].captions).encode())
     return digest.hexdigest()[:16]
 
 
-@TASKS.register("grounding", reads=("grounding.*",), prepare=prepare_grounding)
+@TASKS.register("grounding", reads=("grounding.*",), prepare=prepare_grounding,
+                provides=(GroundingInputs, Attention))
 def grounding(config: Any, workspace: Any, device: torch.device) -> GroundingTask:
     """Weakly supervised phrase grounding (Gupta et al., ECCV 2020); keys in the module docstring."""
     g = config.grounding
-    source, data = _prepare(config, workspace, str(device))
+    data = _prepare(config, workspace, str(device))
     o, t = config.optim, config.train
-    task = GroundingTask(
+    return GroundingTask(
         data, model=g.model, dim=g.key_dim, optimizer=o.name, lr=o.lr,
         weight_decay=o.weight_decay, grad_clip=o.grad_clip, batch_size=t.batch_size,
         epochs=config.epochs, img_weight=g.img_weight, lang_weight=g.lang_weight, seed=t.seed,
         device=device, amp=t.amp, max_steps_per_epoch=t.max_steps_per_epoch,
         trajectory_every=t.trajectory_every, eval_batch_size=config.eval.batch_size,
         box_convention=g.box_convention)
-    task.config, task.source = config, source  # what the analyses read (icr.analysis)
-    return task

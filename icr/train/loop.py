@@ -16,7 +16,6 @@ import math
 import re
 import tempfile
 import time
-from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -24,7 +23,9 @@ from typing import Any
 
 import torch
 
+from icr.analysis import Analysis, build_analysis, check_analyses
 from icr.config import ExperimentConfig, split_list, to_flat
+from icr.context import TaskContext
 from icr.errors import ConfigError
 from icr.seeding import rng_state, seed_everything, set_rng_state
 from icr.train.checkpoint import ARTIFACTS, load_checkpoint, save_checkpoint
@@ -173,14 +174,14 @@ def _result(state: LoopState, task: Task, checkpoint: Path) -> FitResult:
 # -- analyses ---------------------------------------------------------------------------------
 
 
-Analysis = Callable[[Path], dict[str, float]]
-
-
 def build_analyses(config: ExperimentConfig, task: Task) -> dict[str, Analysis]:
     """The analyses of ``eval.analyses``, each checked against the task and its data now."""
-    from icr.analysis import ANALYSES
-
-    return {name: ANALYSES.build(name, task=task) for name in split_list(config.eval.analyses)}
+    names = split_list(config.eval.analyses)
+    if not names:
+        return {}
+    check_analyses(config)  # what the platform checked when it planned the study
+    context = TaskContext.of(config.task.name, config, task.capabilities())
+    return {name: build_analysis(name, context) for name in names}
 
 
 def _run_analyses(analyses: dict[str, Analysis], out: Path) -> tuple[dict[str, float], tuple[str, ...]]:

@@ -35,6 +35,14 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from icr.config import ExperimentConfig, used_keys
+from icr.context import (
+    Capability,
+    Embedder,
+    Embeddings,
+    InitialEmbeddings,
+    RetrievalInputs,
+    dataset_capabilities,
+)
 from icr.data.features import cached_backbone_features
 from icr.data.pipeline import PairDataset, PreparedData, collate_pairs, prepare_data
 from icr.data.sampler import build_batch_sampler, steps_per_epoch
@@ -43,7 +51,7 @@ from icr.losses import loss_from_config
 from icr.losses.contrastive import split_output
 from icr.models.build import build_decoder, build_dual_encoder
 from icr.objectives import Objective, build_objective
-from icr.seeding import derive_seed
+from icr.seeding import derive_seed, seed_everything
 from icr.train.evaluation import embed_split, evaluate_split
 from icr.train.recipe import lr_factor, swa_snapshot_steps
 from icr.train.tasks import TASKS
@@ -256,6 +264,16 @@ class RetrievalTask:
     def evaluate(self, split: str) -> dict[str, float]:
         return evaluate_split(*self.embed_split(split), self.data, split)
 
+    def initial_embedder(self) -> Embedder:
+        """:meth:`embed_split` of this model at its initialisation: a new task built from the
+        run's seed exactly as ``fit`` built this one (the probes' ``init`` reference)."""
+        seed_everything(self.config.train.seed)
+        return RetrievalTask(self.config, self.prepared, self.device, self.cache).embed_split
+
+    def capabilities(self) -> tuple[Capability, ...]:
+        return (Embeddings(self.embed_split), InitialEmbeddings(self.initial_embedder),
+                RetrievalInputs(self.prepared), *dataset_capabilities(self.prepared.source))
+
     def metrics(self) -> dict[str, float]:
         return {"lr": self.optimizer.param_groups[0]["lr"], **self.objective.metrics()}
 
@@ -328,6 +346,7 @@ def prepare_retrieval(config: ExperimentConfig, workspace: Workspace) -> str:
 @TASKS.register(
     "retrieval", reads=("image.*", "text.*", "model.*", "loss.*", "decoder.*", "objective.*"),
     prepare=prepare_retrieval, check=check_retrieval,
+    provides=(Embeddings, InitialEmbeddings, RetrievalInputs),
 )
 def retrieval(config: ExperimentConfig, workspace: Workspace, device: torch.device) -> RetrievalTask:
     """Image-caption retrieval: the dual encoder of the LTD, metric-learning and VSE papers."""

@@ -4,7 +4,8 @@
 checkpoint, the test evaluation, the analyses and the per-epoch report. A task only knows how to
 train one epoch and evaluate a split: :class:`Task`. Retrieval (:mod:`icr.train.retrieval`) and
 grounding (:mod:`icr.grounding.train`) register here; a task claims the config sections only it
-uses (``reads=("loss.*", ...)``), so a grounding run records no retrieval keys.
+uses (``reads=("loss.*", ...)``), so a grounding run records no retrieval keys, and declares what it
+offers the analyses (``provides=``, :mod:`icr.context`), so a study is checked before it starts.
 """
 
 from __future__ import annotations
@@ -14,9 +15,12 @@ from typing import Any, Protocol
 
 import torch
 
+from icr.context import Capability
 from icr.registry import Registry
 
-TASKS: Registry = Registry("task", package=("icr.train", "icr.grounding"))
+# A task registers ``provides=`` (the capability types of its ``capabilities()``) and ``prepare=``.
+TASKS: Registry = Registry("task", package=("icr.train", "icr.grounding"),
+                           requires=("provides", "prepare"))
 
 
 class Task(Protocol):
@@ -57,6 +61,10 @@ class Task(Protocol):
 
     def eval(self) -> None:
         """Put the models in evaluation mode (for analyses)."""
+
+    def capabilities(self) -> tuple[Capability, ...]:
+        """What the task offers its analyses: instances of the types it registered as
+        ``provides=``, and what its dataset provides (:func:`icr.context.dataset_capabilities`)."""
 
 
 def build_task(config: Any, workspace: Any, device: torch.device) -> Task:

@@ -1,111 +1,19 @@
-"""Training objectives of the LTD paper: contrastive (Eq. 1), dual (Eq. 7), Lagrangian (Eq. 8-9).
-
-A training loop uses every objective the same way::
-
-    objective = build_objective(cfg.objective)
-    out = objective(l_con, l_rec)      # l_rec is None without a decoder
-    out.loss.backward()
-    optimizer.step()                   # model parameters: lambda is a constant to them
-    objective.step()                   # the multiplier's ascent step; a no-op for the others
-    log({k: float(v) for k, v in out.logs.items()})
-
-and checkpoints ``objective.state_dict()`` next to the model and optimiser.
-"""
+"""The Lagrangian objective and its multiplier: ``min L_con s.t. L_rec <= eta`` (Eq. 8-9 of the
+LTD paper), lambda trained by projected SGD ascent."""
 
 from __future__ import annotations
 
-import abc
 import copy
 import logging
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from icr.errors import ConfigError, TrainingError
-from icr.registry import Registry
+from icr.objectives.objective import OBJECTIVES, Objective, ObjectiveOutput
 
 logger = logging.getLogger(__name__)
-
-OBJECTIVES: Registry = Registry("objective", section="objective")
-
-
-@dataclass(frozen=True)
-class ObjectiveOutput:
-    """The loss to back-propagate and detached scalars to log.
-
-    ``logs`` holds 0-d tensors (``float()`` them when logging, so no device sync happens before):
-    ``loss``, ``L_con``, ``L_rec`` when a reconstruction loss was given, ``lambda`` (Lagrangian).
-    """
-
-    loss: Tensor
-    logs: dict[str, Tensor]
-
-
-class Objective(abc.ABC):
-    """Base class: combines ``L_con`` and an optional ``L_rec`` into the training loss."""
-
-    uses_reconstruction: ClassVar[bool] = False
-
-    @abc.abstractmethod
-    def __call__(self, l_con: Tensor, l_rec: Tensor | None = None) -> ObjectiveOutput:
-        """The training loss from ``L_con`` and, when the objective uses one, ``L_rec``."""
-
-    def step(self) -> None:  # noqa: B027 - most objectives have no parameters of their own
-        """Update the objective's own parameters after the model's optimiser step."""
-
-    def metrics(self) -> dict[str, float]:
-        """The objective's own state worth recording after an epoch (e.g. the multiplier)."""
-        return {}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state:
-            raise ValueError(f"{type(self).__name__} has no state, got keys {sorted(state)}")
-
-    def _logs(self, loss: Tensor, l_con: Tensor, l_rec: Tensor | None) -> dict[str, Tensor]:
-        logs = {"loss": loss.detach(), "L_con": l_con.detach()}
-        if l_rec is not None:
-            logs["L_rec"] = l_rec.detach()
-        return logs
-
-    def _require_rec(self, l_rec: Tensor | None) -> Tensor:
-        if l_rec is None:
-            raise ConfigError(
-                f"objective {type(self).__name__.lower()!r} needs a reconstruction loss: "
-                "set decoder.name to ltd or itd, or use objective.name=contrastive"
-            )
-        return l_rec
-
-
-class Contrastive(Objective):
-    """``L = L_con`` (Eq. 1). A given ``L_rec`` is logged but does not enter the loss."""
-
-    def __call__(self, l_con: Tensor, l_rec: Tensor | None = None) -> ObjectiveOutput:
-        return ObjectiveOutput(l_con, self._logs(l_con, l_con, l_rec))
-
-
-class Dual(Objective):
-    """``L_dual = L_con + beta * L_rec`` (Eq. 7 of the LTD paper; the paper and reference use beta 1).
-
-    Args:
-        beta: weight of the reconstruction loss, >= 0.
-    """
-
-    uses_reconstruction = True
-
-    def __init__(self, beta: float = 1.0) -> None:
-        if beta < 0:
-            raise ConfigError(f"objective.beta must be >= 0, got {beta}")
-        self.beta = beta
-
-    def __call__(self, l_con: Tensor, l_rec: Tensor | None = None) -> ObjectiveOutput:
-        l_rec = self._require_rec(l_rec)
-        loss = l_con + self.beta * l_rec
-        return ObjectiveOutput(loss, self._logs(loss, l_con, l_rec))
 
 
 class LagrangeMultiplier(nn.Module):
@@ -252,28 +160,9 @@ class Lagrangian(Objective):
         self._violations = []
 
 
-@OBJECTIVES.register("contrastive")
-def _build_contrastive() -> Contrastive:
-    return Contrastive()
-
-
-@OBJECTIVES.register("dual")
-def _build_dual(*, beta: float) -> Dual:
-    return Dual(beta=beta)
-
-
 @OBJECTIVES.register("lagrangian")
 def _build_lagrangian(
     *, eta: float, lambda_init: float, lambda_max: float, lambda_lr: float,
     lambda_momentum: float, lambda_dampening: float,
 ) -> Lagrangian:
     return Lagrangian(eta, lambda_init, lambda_max, lambda_lr, lambda_momentum, lambda_dampening)
-
-
-def build_objective(section: Any) -> Objective:
-    """The objective named ``section.name`` built from an ``ObjectiveConfig``-like section.
-
-    Raises:
-        ConfigError: unknown name (listing the valid ones) or an invalid value.
-    """
-    return OBJECTIVES.build(section.name, section)
