@@ -207,11 +207,18 @@ class GroundingConfig:
 
 @dataclass(frozen=True)
 class OptimConfig:
-    name: str = _field("adamw", "optimiser", choices=("adam", "adamw"))
+    name: str = _field("adamw", "optimiser (adamp: the LTD reference's)",
+                       choices=("adam", "adamw", "adamp"))
     lr: float = _field(2e-4, "learning rate of the warm-up phase", low=0)
     weight_decay: float = _field(0.0, "weight decay", low=0)
     grad_clip: float = _field(2.0, "max gradient norm; 0 = no clipping", low=0)
     finetune_lr_factor: float = _field(0.1, "fine-tune phase lr = lr x this", low=0)
+    schedule: str = _field("cosine", "lr schedule: cosine in each phase (LTD) or step (x "
+                           "step_gamma every step_epochs: VSE++, VSRN, VSE+2AD)",
+                           choices=("cosine", "step"))
+    step_epochs: int = _field(15, "step schedule: epochs between lr decays", low=1)
+    step_gamma: float = _field(0.1, "step schedule: the lr is multiplied by this at each decay",
+                               low=0, high=1)
 
 
 @dataclass(frozen=True)

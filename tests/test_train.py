@@ -10,7 +10,7 @@ from icr.config import from_flat
 from icr.errors import ConfigError, TrainingError
 from icr.train import EpochReport, find_checkpoint, fit, load_trained
 from icr.train.checkpoint import load_checkpoint, save_checkpoint
-from icr.train.recipe import lr_factor, swa_snapshot_steps
+from icr.train.recipe import build_optimizer, lr_factor, schedule_factor, swa_snapshot_steps
 
 TINY = {
     "data.preset": "tiny",
@@ -44,6 +44,32 @@ def test_lr_schedule_is_a_cosine_per_phase():
 
 def test_lr_schedule_without_warmup():
     assert lr_factor(0, 10, 0, 2, 0.1) == pytest.approx(0.1)
+
+
+def test_step_schedule_decays_every_step_epochs_over_the_whole_run():
+    """VSE+2AD Sec. 4.1: x0.1 every 15 epochs; the fine-tune phase's factor multiplies on top."""
+    f = lambda s, warm=0, ft=1.0: schedule_factor(  # noqa: E731
+        s, 10, warm, 25 - warm, ft, schedule="step", step_epochs=15, gamma=0.1)
+    assert [f(0), f(149), f(150), f(249)] == pytest.approx([1.0, 1.0, 0.1, 0.1])
+    assert f(300) == pytest.approx(0.01)  # epoch 30: two decays
+    assert [f(9, warm=1, ft=0.5), f(10, warm=1, ft=0.5)] == pytest.approx([1.0, 0.5])
+    assert schedule_factor(7, 10, 2, 3, 0.1) == lr_factor(7, 10, 2, 3, 0.1)  # cosine: the default
+    with pytest.raises(ConfigError, match="optim.schedule='linear'"):
+        schedule_factor(0, 10, 0, 1, 1.0, schedule="linear")
+
+
+@pytest.mark.parametrize("name", ["adam", "adamw", "adamp"])
+def test_optimisers_step_and_their_state_loads_without_unpickling(name, tmp_path):
+    layer = torch.nn.Linear(4, 3)
+    opt = build_optimizer(name, layer.parameters(), lr=0.1, weight_decay=0.0)
+    before = layer.weight.detach().clone()
+    layer(torch.ones(2, 4)).pow(2).sum().backward()
+    opt.step()
+    assert not torch.equal(before, layer.weight)
+    torch.save(opt.state_dict(), tmp_path / "opt.pt")
+    opt.load_state_dict(torch.load(tmp_path / "opt.pt", weights_only=True))
+    with pytest.raises(ConfigError, match="optim.name='sgd'"):
+        build_optimizer("sgd", layer.parameters(), lr=0.1, weight_decay=0.0)
 
 
 def test_swa_snapshots_span_the_last_tenth():

@@ -61,6 +61,7 @@ from icr.grounding.negatives import (
 from icr.grounding.words import WordEncoder, WordFeatures, word_features
 from icr.metrics.grounding import DEFAULT_BOX_CONVENTION, check_box_convention
 from icr.seeding import derive_seed
+from icr.train.recipe import build_optimizer
 from icr.train.tasks import TASKS
 
 logger = logging.getLogger(__name__)
@@ -177,7 +178,7 @@ class GroundingTask:
         data: the prepared data.
         model: a name of :data:`~icr.grounding.model.GROUNDING_MODELS`.
         dim: size of the queries, keys and values (384).
-        optimizer: ``adam`` (the paper) or ``adamw``.
+        optimizer: ``adam`` (the paper), ``adamw`` or ``adamp``.
         lr: the learning rate (1e-5).
         weight_decay: the optimiser's weight decay (0).
         grad_clip: max gradient norm; 0 = no clipping (the paper does not clip).
@@ -234,11 +235,7 @@ class GroundingTask:
         self.model = build_grounding_model(
             model, word_dim=data.words["train"].features.shape[-1],
             region_dim=train.region_features.shape[-1], dim=dim).to(self.device)
-        optimizers = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
-        if optimizer not in optimizers:
-            raise ConfigError(f"optimiser {optimizer!r} is unknown; valid: {', '.join(optimizers)}")
-        self.optimizer = optimizers[optimizer](self.model.parameters(), lr=lr,
-                                               weight_decay=weight_decay)
+        self.optimizer = build_optimizer(optimizer, self.model.parameters(), lr, weight_decay)
         self.grad_clip = grad_clip
         self.amp = amp and self.device.type == "cuda"
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp)

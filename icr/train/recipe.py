@@ -1,17 +1,65 @@
-"""The pieces of the LTD training recipe that are pure functions of the step.
+"""The pieces of the papers' training recipes that are pure functions of the step, and the optimisers.
 
-LTD paper Section 4.3, REFERENCE_NOTES section 1: a warm-up phase with the backbone and word
-embeddings frozen, then a fine-tune phase with everything trained at ``lr x finetune_lr_factor``;
-a cosine schedule inside each phase (the reference stepped its fine-tune scheduler with the
-absolute epoch, so the lr climbed back from 0 to the warm-up lr: not copied); per-epoch SWA over
-snapshots of the epoch's last part.
+LTD paper Section 4.3: a warm-up phase with the backbone and word embeddings frozen, then a
+fine-tune phase with everything trained at ``lr x finetune_lr_factor``; a cosine schedule inside
+each phase (the reference stepped its fine-tune scheduler with the absolute epoch, so the lr climbed
+back from 0 to the warm-up lr: not copied); per-epoch SWA over snapshots of the epoch's last part;
+AdamP (Heo et al., ICLR 2021), the optimiser of the LTD reference code (via PCME).
+
+The metric-learning paper (VSE++ and VSRN, Sec. 4) and VSE+2AD (Sec. 4.1: "a decaying factor of 10%
+for every 15 epochs") step the lr instead: ``x gamma`` every ``step_epochs`` epochs of the run
+(:func:`step_factor`).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
+import torch
+
+from icr.errors import ConfigError
+
+OPTIMIZERS = ("adam", "adamw", "adamp")
+SCHEDULES = ("cosine", "step")
+
+
+def build_optimizer(name: str, params: Iterable[Any], lr: float, weight_decay: float
+                    ) -> torch.optim.Optimizer:
+    """``adam`` / ``adamw`` (torch) or ``adamp`` (the ``adamp`` package of its authors)."""
+    if name == "adamp":
+        from adamp import AdamP
+
+        return AdamP(params, lr=lr, weight_decay=weight_decay)
+    if name not in ("adam", "adamw"):
+        raise ConfigError(f"optim.name={name!r} is unknown; valid: {', '.join(OPTIMIZERS)}")
+    cls = torch.optim.Adam if name == "adam" else torch.optim.AdamW
+    return cls(params, lr=lr, weight_decay=weight_decay)
+
+
+def schedule_factor(
+    step: int, steps_per_epoch: int, warmup_epochs: int, finetune_epochs: int,
+    finetune_factor: float, schedule: str = "cosine", step_epochs: int = 15, gamma: float = 0.1,
+) -> float:
+    """Multiplier of the base lr at optimiser step ``step`` for ``schedule`` (module docstring):
+    :func:`lr_factor` (``cosine``) or :func:`step_factor` (``step``)."""
+    if schedule == "cosine":
+        return lr_factor(step, steps_per_epoch, warmup_epochs, finetune_epochs, finetune_factor)
+    if schedule == "step":
+        return step_factor(step, steps_per_epoch, warmup_epochs, finetune_factor, step_epochs,
+                           gamma)
+    raise ConfigError(f"optim.schedule={schedule!r} is unknown; valid: {', '.join(SCHEDULES)}")
+
+
+def step_factor(step: int, steps_per_epoch: int, warmup_epochs: int, finetune_factor: float,
+                step_epochs: int, gamma: float) -> float:
+    """``gamma ** (epoch // step_epochs)``, epochs counted over the whole run; times
+    ``finetune_factor`` in the fine-tune phase (after ``warmup_epochs``)."""
+    epoch = step // max(steps_per_epoch, 1)
+    phase = finetune_factor if epoch >= warmup_epochs else 1.0
+    return phase * gamma ** (epoch // step_epochs)
 
 
 def lr_factor(

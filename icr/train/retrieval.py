@@ -53,7 +53,7 @@ from icr.models.build import build_decoder, build_dual_encoder
 from icr.objectives import Objective, build_objective
 from icr.seeding import derive_seed, seed_everything
 from icr.train.evaluation import embed_split, evaluate_split
-from icr.train.recipe import lr_factor, swa_snapshot_steps
+from icr.train.recipe import build_optimizer, schedule_factor, swa_snapshot_steps
 from icr.train.tasks import TASKS
 from icr.workspace import Workspace
 
@@ -110,10 +110,12 @@ class RetrievalTask:
         )
         self.steps_per_epoch = self._steps_per_epoch()
         self.optimizer = self._build_optimizer()
+        o = config.optim
         schedule = functools.partial(
-            lr_factor, steps_per_epoch=self.steps_per_epoch,
+            schedule_factor, steps_per_epoch=self.steps_per_epoch,
             warmup_epochs=config.train.warmup_epochs, finetune_epochs=config.train.finetune_epochs,
-            finetune_factor=config.optim.finetune_lr_factor,
+            finetune_factor=o.finetune_lr_factor, schedule=o.schedule, step_epochs=o.step_epochs,
+            gamma=o.step_gamma,
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
         self.amp = config.train.amp and device.type == "cuda"
@@ -133,7 +135,6 @@ class RetrievalTask:
     def _build_optimizer(self) -> torch.optim.Optimizer:
         """One parameter group, plus one for a pretrained backbone with its own lr factor (BERT)."""
         o = self.config.optim
-        cls = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[o.name]
         groups = []
         for module in (self.encoder.image_encoder, self.encoder.caption_encoder):
             factor = getattr(module, "backbone_lr_factor", 1.0)
@@ -141,7 +142,7 @@ class RetrievalTask:
                 groups.append({"params": list(module.backbone_parameters()), "lr": o.lr * factor})
         special = {id(p) for g in groups for p in g["params"]}
         rest = [p for p in self.net.parameters() if id(p) not in special]
-        return cls([{"params": rest}, *groups], lr=o.lr, weight_decay=o.weight_decay)
+        return build_optimizer(o.name, [{"params": rest}, *groups], o.lr, o.weight_decay)
 
     def _use_cached_features(self, data: PreparedData, cache: Path) -> PreparedData:
         """A CNN frozen for the whole run on un-augmented images gives every epoch the same
