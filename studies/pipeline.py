@@ -110,7 +110,8 @@ def check_against_data(plan: StudyPlan, condition: ConditionPlan, data: Prepared
         except ConfigError as exc:
             searched = ", ".join(f"{k} ~ {condition.domains[k].describe()}" for k in drawn)
             raise ConfigError(f"{plan.study.space_path}: condition {condition.name} searches "
-                              f"{searched}, which can draw {exc}; narrow the domain") from None
+                              f"{searched}, which holds a value that cannot work: {exc} (narrow "
+                              "the domain in the space file)") from None
 
 
 def run_study(

@@ -198,7 +198,8 @@ class StopSignals:
         self._previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
         outer = getattr(self._previous[signal.SIGTERM], "__self__", None)
         self._outer = outer if isinstance(outer, StopSignals) else None
-        signal.signal(signal.SIGINT, self._ctrl_c)
+        if self._previous[signal.SIGINT] in _PLAIN_CTRL_C or self._outer is not None:
+            signal.signal(signal.SIGINT, self._ctrl_c)  # another's own handler (Tune's) stays
         for sig in (signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, self._as_ctrl_c)
         return self
@@ -229,6 +230,9 @@ class StopSignals:
         if not callable(on_ctrl_c):
             raise KeyboardInterrupt
         on_ctrl_c(signal.SIGINT, frame)
+
+
+_PLAIN_CTRL_C = (signal.default_int_handler, signal.SIG_DFL, signal.SIG_IGN, None)
 
 
 def stop_signals_as_ctrl_c() -> StopSignals:

@@ -97,6 +97,10 @@ class Progress:
         seconds = result.get("time_this_iter_s", result.get("epoch_time_s"))
         if isinstance(seconds, int | float) and math.isfinite(seconds) and seconds > 0:
             self.epoch_seconds.append(float(seconds))
+        self.on_score(result, values)
+
+    def on_score(self, result: Mapping[str, Any], values: str) -> None:
+        """A result's score against the best so far (e.g. a restored trial's last result)."""
         score = result.get(self.metric)
         if isinstance(score, int | float) and math.isfinite(score) and self._better(float(score)):
             self.best = (float(score), values)

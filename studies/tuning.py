@@ -155,6 +155,7 @@ class ProgressCallback(tune.Callback):
         self._last = progress.clock()
         self._ended: set[str] = set()
         self._tqdm: Any = None
+        self._seeded = False
 
     def __getstate__(self) -> dict[str, Any]:
         # Pickled into Tune's experiment (a restored Tuner gets it back): the clock and the
@@ -166,13 +167,18 @@ class ProgressCallback(tune.Callback):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._last = self.progress.clock()
+        self.progress.started = self._last = self.progress.clock()
+        self._seeded = False
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict,
                         **info: Any) -> None:
         self.progress.on_result(result, self._values(trial))
 
     def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
+        if not self._seeded:  # a restored Tuner's trials come with their last results
+            self._seeded = True
+            for trial in trials:
+                self.progress.on_score(trial.last_result or {}, self._values(trial))
         due = 1.0 if self.bar else self.interval
         if self.progress.clock() - self._last >= due:
             self._status(trials)

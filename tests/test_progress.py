@@ -107,13 +107,19 @@ def test_the_callback_writes_a_line_every_interval_without_results_and_at_each_e
     assert said[3].startswith("search lagrangian: 1 done, 1 running, 1 left; ")
 
 
-def test_the_callback_survives_being_pickled_into_a_tune_experiment() -> None:
+def test_the_callback_survives_being_pickled_into_a_tune_experiment(capsys) -> None:
     said: list[str] = []
     progress = Progress("confirm", expected=2, max_epochs=2, metric="val_rsum", clock=Clock())
-    callback = ProgressCallback(progress, say=lambda line: said.append(line))
+    callback = ProgressCallback(progress, say=lambda line: said.append(line), interval=0.0)
     restored = pickle.loads(pickle.dumps(callback))  # the lambda and the fake clock stay here
     assert restored.progress.title == "confirm" and restored.progress.expected == 2
     assert restored.say is say_now and restored.progress.clock is not progress.clock
+    # A restored Tuner: a trial that had finished counts, with its last result as the best.
+    done = FakeTrial("a", {"condition": "dual", "train.seed": 1000}, "TERMINATED",
+                     {"epoch": 2, "val_rsum": 201.0})
+    restored.on_step_end(iteration=0, trials=[done])
+    assert capsys.readouterr().out.startswith(
+        "confirm: 1 done, 0 running, 1 left; best val_rsum 201.0 (train.seed=1000); 0m00s elapsed")
 
 
 def test_in_a_terminal_the_status_is_a_bar_and_the_trial_lines_pass_above_it(capsys) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import ray
+from test_studies_pipeline import fake_study as pipeline_study
 
 from icr.errors import UserError
 from studies import processes, ray_adapter
@@ -20,19 +21,9 @@ from studies.pipeline import Backend
 from studies.run import main
 from studies.session import DriverLock
 
-ROOT = Path(__file__).resolve().parent.parent
-
-sys_path = str(ROOT / "tests")
-
 
 def fake_study(tmp_path: Path, space: str | None = None):
-    import sys
-
-    if sys_path not in sys.path:
-        sys.path.insert(0, sys_path)
-    from test_studies_pipeline import fake_study as build
-
-    study = build(tmp_path, budget=2, conditions=("lagrangian",))
+    study = pipeline_study(tmp_path, budget=2, conditions=("lagrangian",))
     if space is not None:
         (tmp_path / "space.yaml").write_text(space)
     return study
@@ -88,8 +79,9 @@ conditions:
     line = one_error_line(capsys)
     assert line.startswith(f"error: {tmp_path / 'space.yaml'}: condition lagrangian searches ")
     assert "train.batch_size ~ int [64, 30000]" in line
-    assert "can draw train.batch_size=30000 exceeds the 20000 training captions" in line
-    assert line.endswith("; narrow the domain")
+    assert ("which holds a value that cannot work: train.batch_size=30000 exceeds the 20000 "
+            "training captions") in line
+    assert line.endswith("(narrow the domain in the space file)")
     assert not (tmp_path / "ws" / "mlflow.db").exists() and not ray.is_initialized()
 
 
