@@ -84,35 +84,39 @@ class Progress:
     slots: int = 1
     clock: Callable[[], float] = time.monotonic
     started: float = field(init=False)
-    best: tuple[float, str] | None = field(default=None, init=False)
+    latest: dict[str, tuple[float, str]] = field(default_factory=dict, init=False)
     epoch_seconds: list[float] = field(default_factory=list, init=False)
     finished_epochs: list[int] = field(default_factory=list, init=False)
 
     def __post_init__(self) -> None:
         self.started = self.clock()
 
-    def on_result(self, result: Mapping[str, Any], values: str) -> None:
-        """A reported epoch: its time, and its score against the best (``values``: the trial's
+    def on_result(self, trial_id: str, result: Mapping[str, Any], values: str) -> None:
+        """A reported epoch: its time, and the trial's score now (``values``: the trial's
         sampled values, shown beside the best score)."""
         seconds = result.get("time_this_iter_s", result.get("epoch_time_s"))
         if isinstance(seconds, int | float) and math.isfinite(seconds) and seconds > 0:
             self.epoch_seconds.append(float(seconds))
-        self.on_score(result, values)
+        self.on_score(trial_id, result, values)
 
-    def on_score(self, result: Mapping[str, Any], values: str) -> None:
-        """A result's score against the best so far (e.g. a restored trial's last result)."""
+    def on_score(self, trial_id: str, result: Mapping[str, Any], values: str) -> None:
+        """A trial's latest score (e.g. a restored trial's last result)."""
         score = result.get(self.metric)
-        if isinstance(score, int | float) and math.isfinite(score) and self._better(float(score)):
-            self.best = (float(score), values)
+        if isinstance(score, int | float) and math.isfinite(score):
+            self.latest[trial_id] = (float(score), values)
+
+    @property
+    def best(self) -> tuple[float, str] | None:
+        """The best of the trials' latest scores, with its values: the score a trial is judged
+        on (select.py takes it at the end of the full budget), as the trial lines show it."""
+        if not self.latest:
+            return None
+        sign = 1.0 if self.mode == "max" else -1.0
+        return max(self.latest.values(), key=lambda pair: sign * pair[0])
 
     def on_trial_end(self, epochs: int) -> None:
         """A trial of this run ended after ``epochs`` epochs (finished, stopped or failed)."""
         self.finished_epochs.append(epochs)
-
-    def _better(self, score: float) -> bool:
-        if self.best is None:
-            return True
-        return score > self.best[0] if self.mode == "max" else score < self.best[0]
 
     def line(self, trials: Iterable[TrialView]) -> str:
         trials = list(trials)
@@ -128,7 +132,7 @@ class Progress:
         if rest is None:
             elapsed += ", the rest estimated after the first epoch"
         elif left or running:
-            elapsed += f", about {_duration(rest)} left"
+            elapsed += f", about {_duration(rest)} left" if rest >= 1 else ", finishing"
         parts.append(elapsed)
         return f"{self.title}: " + "; ".join(parts)
 

@@ -172,13 +172,13 @@ class ProgressCallback(tune.Callback):
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict,
                         **info: Any) -> None:
-        self.progress.on_result(result, self._values(trial))
+        self.progress.on_result(trial.trial_id, result, self._values(trial))
 
     def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
         if not self._seeded:  # a restored Tuner's trials come with their last results
             self._seeded = True
             for trial in trials:
-                self.progress.on_score(trial.last_result or {}, self._values(trial))
+                self.progress.on_score(trial.trial_id, trial.last_result or {}, self._values(trial))
         due = 1.0 if self.bar else self.interval
         if self.progress.clock() - self._last >= due:
             self._status(trials)

@@ -27,9 +27,10 @@ def test_a_line_counts_the_trials_and_shows_the_best_with_its_values() -> None:
     clock = Clock()
     progress = Progress("search lagrangian", expected=8, max_epochs=4, metric="val_rsum",
                         slots=2, clock=clock)
-    progress.on_result({"epoch": 1, "val_rsum": 150.0, "time_this_iter_s": 60.0}, "objective.eta=0.1")
-    progress.on_result({"epoch": 1, "val_rsum": 188.24, "time_this_iter_s": 60.0}, "objective.eta=0.237")
-    progress.on_result({"epoch": 2, "val_rsum": 170.0, "time_this_iter_s": 60.0}, "objective.eta=0.1")
+    progress.on_result("a", {"epoch": 1, "val_rsum": 150.0, "time_this_iter_s": 60.0}, "objective.eta=0.1")
+    progress.on_result("b", {"epoch": 1, "val_rsum": 188.24, "time_this_iter_s": 60.0},
+                       "objective.eta=0.237")
+    progress.on_result("a", {"epoch": 2, "val_rsum": 170.0, "time_this_iter_s": 60.0}, "objective.eta=0.1")
     clock.now += 312
     trials = [TrialView("a", DONE, 4), TrialView("b", RUNNING, 2), TrialView("c", RUNNING, 1),
               TrialView("d", WAITING)]
@@ -45,7 +46,7 @@ def test_a_line_counts_the_trials_and_shows_the_best_with_its_values() -> None:
 def test_the_estimate_uses_the_length_of_the_trials_that_ended() -> None:
     progress = Progress("search x", expected=4, max_epochs=4, metric="val_rsum", slots=1,
                         clock=Clock())
-    progress.on_result({"epoch": 1, "val_rsum": 1.0, "time_this_iter_s": 10.0}, "")
+    progress.on_result("a", {"epoch": 1, "val_rsum": 1.0, "time_this_iter_s": 10.0}, "")
     progress.on_trial_end(1)  # stopped by ASHA after one epoch
     progress.on_trial_end(3)
     # 2 trials not started, expected to run (1 + 3) / 2 = 2 epochs each; one running at epoch 1.
@@ -58,9 +59,12 @@ def test_before_any_epoch_the_rest_is_not_estimated_and_min_mode_keeps_the_lowes
                         clock=Clock())
     assert progress.line([TrialView("a", RUNNING)]) == (
         "confirm: 0 done, 1 running, 1 left; 0m00s elapsed, the rest estimated after the first epoch")
-    progress.on_result({"epoch": 1, "val_loss": 2.0}, "dual, train.seed=1000")
-    progress.on_result({"epoch": 1, "val_loss": 3.0}, "dual, train.seed=1001")
+    progress.on_result("a", {"epoch": 1, "val_loss": 2.0}, "dual, train.seed=1000")
+    progress.on_result("b", {"epoch": 1, "val_loss": 3.0}, "dual, train.seed=1001")
     assert "best val_loss 2.0 (dual, train.seed=1000)" in progress.line([])
+    # A trial's latest score counts (the one it is judged on), not its best epoch.
+    progress.on_result("a", {"epoch": 2, "val_loss": 4.0}, "dual, train.seed=1000")
+    assert "best val_loss 3.0 (dual, train.seed=1001)" in progress.line([])
 
 
 @dataclass
