@@ -206,3 +206,20 @@ def test_a_second_driver_is_refused_before_it_prepares_data(tmp_path: Path, caps
     line = one_error_line(capsys)
     assert "study fake is already running" in line
     assert not prepared.exists()
+
+
+def test_a_store_another_study_is_writing_is_not_called_damaged(tmp_path: Path) -> None:
+    import sqlite3
+
+    from studies.tracking import check_store
+
+    db = tmp_path / "mlflow.db"
+    with sqlite3.connect(db) as con:
+        con.execute("CREATE TABLE t (x INTEGER)")
+    writer = sqlite3.connect(db, isolation_level=None)
+    writer.execute("BEGIN EXCLUSIVE")  # as a long write transaction of another driver
+    try:
+        check_store(f"sqlite:///{db}", busy_timeout=0.1)  # busy, not damaged: no UserError
+    finally:
+        writer.execute("ROLLBACK")
+        writer.close()
