@@ -283,6 +283,7 @@ class StepClock:
         return self.now
 
 
+@pytest.mark.slow
 def test_the_driver_shows_progress_while_no_result_arrives(cluster, tmp_path: Path) -> None:
     """A status line every 30 s (of a clock read at every turn of Tune's loop), also while the
     trials hold before their first epoch, and one at each trial's end with the right counts."""
@@ -337,7 +338,7 @@ sys.exit(main(sys.argv[1:], backend=Backend(fit, fake_prepare), extra_studies={{
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP])  # SIGTERM: SIGHUP's handler
 def test_a_stop_signal_while_trials_start_says_interrupted(cluster, tmp_path: Path, sig: int) -> None:
     """SIGINT or SIGHUP right after `A new study created`, or SIGTERM 2 s after it, gave rc 1
     and a traceback (`result.config["condition"]`: Tune had marked the trials it stopped
@@ -398,6 +399,7 @@ def trial_of(call: dict) -> str:
     return re.search(r"icr-trial-(\w+?)-", call["run_dir"]).group(1)
 
 
+@pytest.mark.slow
 def test_a_trial_restored_from_a_lagging_tune_state_continues_after_its_recorded_epoch(
         cluster, tmp_path: Path) -> None:
     """SIGKILL of the driver 38 s into the search: a trial's epoch 1, recorded before the kill,
