@@ -23,6 +23,7 @@ from typing import Any
 from icr.config import ExperimentConfig, to_flat
 from icr.errors import TrainingError
 from icr.train.seam import EpochReport, FitResult
+from icr.train.tasks import Prepared
 
 STEPS_PER_EPOCH = 20
 TRAJECTORY_EVERY = 5
@@ -149,8 +150,14 @@ class FakeFit:
         tmp.replace(path)
 
 
-def fake_prepare(config: ExperimentConfig, workspace: Any) -> str:
-    return f"fake-{config.data.preset}-{config.data.seed}"
+# Training images of the embedded benchmark's presets (5 captions each), as the real data has.
+TRAIN_IMAGES = {"tiny": 40, "small": 600, "default": 4000}
+
+
+def fake_prepare(config: ExperimentConfig, workspace: Any) -> Prepared:
+    """What preparing the embedded benchmark reports, without generating it."""
+    images = TRAIN_IMAGES[config.data.preset]
+    return Prepared(f"fake-{config.data.preset}-{config.data.seed}", 5 * images, images)
 
 
 def _logged_terms(config: ExperimentConfig) -> tuple[bool, bool]:

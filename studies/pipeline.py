@@ -18,10 +18,12 @@ from filelock import FileLock
 
 from icr.config import ExperimentConfig, key_specs, to_flat, used_keys
 from icr.errors import ConfigError
+from icr.train.tasks import Prepared, check_fits
 from icr.workspace import Workspace
 from studies import ray_adapter
 from studies.plan import ConditionPlan, StudyPlan
 from studies.processes import stop_signals_as_ctrl_c
+from studies.progress import ProgressOptions, say_now
 from studies.report import build_report
 from studies.select import Winner, select_winner, summary
 from studies.session import (
@@ -32,7 +34,7 @@ from studies.session import (
     read_state,
     write_state,
 )
-from studies.tracking import Tracker, git_commit, run_name
+from studies.tracking import Tracker, check_store, git_commit, run_name
 from studies.tuning import confirm, search
 
 log = logging.getLogger(__name__)
@@ -40,7 +42,7 @@ log = logging.getLogger(__name__)
 DATA_PREFIXES = ("task.", "data.", "text.", "decoder.target_model", "grounding.")
 
 
-def default_prepare(config: ExperimentConfig, workspace: Workspace) -> str:
+def default_prepare(config: ExperimentConfig, workspace: Workspace) -> Prepared:
     from icr.train.tasks import prepare
 
     return prepare(config, workspace)
@@ -51,7 +53,7 @@ class Backend:
     """What trains a trial and prepares its data: ``icr`` by default, fakes in fast tests."""
 
     fit: Callable[..., Any] | None = None  # None = icr.train.fit (imported in the worker)
-    prepare: Callable[[ExperimentConfig, Workspace], str] = default_prepare
+    prepare: Callable[[ExperimentConfig, Workspace], Prepared] = default_prepare
 
 
 def choose_run_dir(plan: StudyPlan, resume: bool, fresh: bool, say: Callable[[str], None]) -> Path:
@@ -75,10 +77,11 @@ def choose_run_dir(plan: StudyPlan, resume: bool, fresh: bool, say: Callable[[st
 def prepare_data(plan: StudyPlan, backend: Backend, say: Callable[[str], None]) -> dict[str, str]:
     """Prepare each distinct data config once on the driver; condition -> data fingerprint.
 
-    This is where a bad data file, word-vector file or latent-target model is found: on the
-    driver, before Ray starts and before any MLflow run exists.
+    This is where a bad data file, word-vector file or latent-target model is found, and a value
+    that cannot work for the data (:func:`check_against_data`): on the driver, before Ray starts
+    and before any MLflow run exists.
     """
-    done: dict[tuple, str] = {}
+    done: dict[tuple, Prepared] = {}
     prints = {}
     for condition in plan.conditions:
         flat = to_flat(condition.config)
@@ -86,39 +89,67 @@ def prepare_data(plan: StudyPlan, backend: Backend, say: Callable[[str], None]) 
         if key not in done:
             say(f"preparing data for {condition.name} ...")
             done[key] = backend.prepare(condition.config, plan.workspace)
-        prints[condition.name] = done[key]
+        check_against_data(plan, condition, done[key])
+        prints[condition.name] = done[key].fingerprint
     return prints
+
+
+def check_against_data(plan: StudyPlan, condition: ConditionPlan, data: Prepared) -> None:
+    """The checks a trial makes against the size of its data (:func:`icr.train.tasks.check_fits`),
+    for the condition's configuration and for every configuration its search can draw.
+
+    A searched domain is checked at its corners (every combination of the choices and of both
+    ends of the ranges): the size checks are monotone in a range's value (a larger batch has
+    fewer steps), so a domain passes exactly when every value it holds can work. A domain that
+    holds a value that cannot is refused, not left to fail trials at run time.
+    """
+    check_fits(condition.config, data)
+    for drawn, config in condition.corners():
+        try:
+            check_fits(config, data)
+        except ConfigError as exc:
+            searched = ", ".join(f"{k} ~ {condition.domains[k].describe()}" for k in drawn)
+            raise ConfigError(f"{plan.study.space_path}: condition {condition.name} searches "
+                              f"{searched}, which holds a value that cannot work: {exc} (narrow "
+                              "the domain in the space file)") from None
 
 
 def run_study(
     plan: StudyPlan, backend: Backend = Backend(), *, resume: bool = False, fresh: bool = False,
-    say: Callable[[str], None] = print, verbose: int = 0,
+    say: Callable[[str], None] = say_now, verbose: int = 0,
+    progress: ProgressOptions | None = None,
 ) -> Path:
-    """Run (or continue) the whole study; returns the report folder."""
+    """Run (or continue) the whole study; returns the report folder.
+
+    Before Ray starts and before any MLflow run exists: the study's lock (a second driver is
+    refused at once), what a killed driver left (its Ray instance), the tracking store, the
+    data and every value checked against it.
+    """
     if not verbose:  # one line per trial (ProgressCallback), not Tune's tracebacks and tables
         logging.getLogger("ray.tune").setLevel(logging.CRITICAL)
     if resume and not fresh and find_unfinished(plan.state_root) is None:  # before writing a lock
         raise ConfigError(f"nothing to resume: study {plan.key} has no unfinished run in {plan.state_root}")
     if plan.address:
         ray_adapter.reachable_gcs(plan.address)  # fails in seconds, before anything is written
-    # Data and caches are shared by every study and written atomically: prepared before the lock.
-    with stop_signals_as_ctrl_c():  # a SIGTERM while preparing says "interrupted", exit 130
-        fingerprints = prepare_data(plan, backend, say)
-    with DriverLock(plan.workspace.root, plan.key):
+    with stop_signals_as_ctrl_c() as stops, DriverLock(plan.workspace.root, plan.key):
         run_dir = choose_run_dir(plan, resume, fresh, say)
         # A driver killed earlier may have left its private Ray instance: stop exactly that one.
         record = plan.workspace.root / "locks" / f"{plan.key}.ray.json"
         ray_adapter.stop_recorded_instance(record)
+        check_store(plan.tracking_uri)
+        fingerprints = prepare_data(plan, backend, say)
         cluster = ray_adapter.connect(plan.address, dashboard=plan.dashboard, record=record)
         failed = True
         try:
-            with stop_signals_as_ctrl_c():  # after connect: ray.init installs its own handler
+            stops.check()  # a KeyboardInterrupt raised while Ray started can be lost
+            with stop_signals_as_ctrl_c() as inner:
                 ray_adapter.check_storage(plan.storage_root, cluster.nodes, hosts=cluster.hosts)
                 resources = cluster.trial_resources(plan.cpus_per_trial)
                 say(cluster.describe(resources))
                 say(ray_adapter.dashboard_hint(cluster))
                 session = open_session(plan, run_dir, cluster, resources, fingerprints, backend,
-                                       verbose)
+                                       verbose, progress or ProgressOptions(say=say))
+                session.stops = inner
                 say(mlflow_hint(plan))
                 out = run_phases(session, say)
                 failed = False
@@ -151,6 +182,7 @@ def open_tracker(plan: StudyPlan) -> Tracker:
 def open_session(
     plan: StudyPlan, run_dir: Path, cluster: ray_adapter.Cluster, resources: dict[str, float],
     fingerprints: dict[str, str], backend: Backend, verbose: int,
+    progress: ProgressOptions | None = None,
 ) -> Session:
     tracker = open_tracker(plan)
     state = read_state(run_dir) if (run_dir / "state.json").is_file() else {}
@@ -177,7 +209,7 @@ def open_session(
     else:
         tracker.client.update_run(parent_id, status="RUNNING")
     return Session(plan, run_dir, cluster, resources, tracker, parent_id, tags, fingerprints,
-                   backend.fit, verbose, state)
+                   backend.fit, verbose, state, progress or ProgressOptions())
 
 
 def run_phases(session: Session, say: Callable[[str], None]) -> Path:

@@ -14,8 +14,10 @@ the fixed values of the space file, the condition's overrides, the ``--smoke`` o
 
 from __future__ import annotations
 
+import itertools
 import os
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,6 +58,14 @@ class ConditionPlan:
     flat: dict[str, Scalar]  # every override of the condition (not the searched keys)
     domains: dict[str, Domain]  # searched keys
     config: ExperimentConfig  # the flat overrides, validated (searched keys at their defaults)
+
+    def corners(self) -> Iterator[tuple[dict[str, Scalar], ExperimentConfig]]:
+        """The configurations at the corners of the searched space, with the values drawn: every
+        combination of each domain's choices and both ends of its ranges."""
+        keys = list(self.domains)
+        for values in itertools.product(*(self.domains[k].values for k in keys)):
+            drawn = dict(zip(keys, values, strict=True))
+            yield drawn, from_flat(drawn, self.config)
 
 
 @dataclass(frozen=True)

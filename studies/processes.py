@@ -18,7 +18,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ import psutil  # isort: skip
 log = logging.getLogger(__name__)
 
 MARKER = "ICR_RAY_INSTANCE"  # environment variable naming the family a process belongs to
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _PR_SET_PDEATHSIG = 1
 # Looked up now: a forked child must not load libraries before exec (another thread may hold
 # the loader's lock at the fork).
@@ -45,16 +46,41 @@ def die_with_parent() -> None:
         _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
-def family(marker: str, folder: Path | None = None) -> list[psutil.Process]:
-    """This user's running processes with ``MARKER=marker`` or a file open inside ``folder``."""
-    uid = os.getuid()
+def launched_child_setup() -> None:
+    """``preexec_fn`` of a process the driver launches: SIGTERM when the thread that started it
+    dies (:func:`die_with_parent`), and the stop signals that :func:`stop_signals_deferred`
+    blocked around the launch unblocked again (a signal mask survives ``exec``)."""
+    die_with_parent()
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+@contextlib.contextmanager
+def stop_signals_deferred() -> Iterator[None]:
+    """Hold the stop signals while a child process is launched; one that came is handled when
+    the block ends.
+
+    A handler runs at the next Python instruction, which during a fork is the fork handler of a
+    library (``logging`` registers one): an exception raised there is printed with its traceback
+    and dropped. Use it around the launch alone: a handler that raises does so as the block ends.
+    """
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def family(marker: str | None, folder: Path | None = None,
+           spare: Collection[int] = ()) -> list[psutil.Process]:
+    """This user's running processes with ``MARKER=marker`` or a file open inside ``folder``
+    (``None``: that test is not made), except this one and the PIDs in ``spare``."""
     inside = str(folder.resolve()) + os.sep if folder is not None else None
     found = []
-    for proc in psutil.process_iter(["uids"]):
+    for proc in _own_processes():
+        if proc.pid in spare:
+            continue
         try:
-            if proc.info["uids"] is None or proc.info["uids"].real != uid or proc.pid == os.getpid():
-                continue
-            if proc.environ().get(MARKER) == marker or (
+            if (marker is not None and proc.environ().get(MARKER) == marker) or (
                     inside and any(f.path.startswith(inside) for f in proc.open_files())):
                 found.append(proc)
         except (psutil.Error, OSError):  # gone, a zombie, or not readable: not ours to stop
@@ -62,24 +88,58 @@ def family(marker: str, folder: Path | None = None) -> list[psutil.Process]:
     return found
 
 
-def stop_family(marker: str, folder: Path | None = None, first: int | None = None,
-                timeout: float = 30.0) -> list[int]:
+def instance_markers() -> dict[str, list[int]]:
+    """The families of private Ray instances this user runs: marker -> PIDs that carry it."""
+    found: dict[str, list[int]] = {}
+    for proc in _own_processes():
+        with contextlib.suppress(psutil.Error, OSError):
+            marker = proc.environ().get(MARKER)
+            if marker:
+                found.setdefault(marker, []).append(proc.pid)
+    return found
+
+
+def _own_processes() -> Iterator[psutil.Process]:
+    """This user's processes other than this one."""
+    uid = os.getuid()
+    for proc in psutil.process_iter(["uids"]):
+        uids = proc.info["uids"]
+        if uids is not None and uids.real == uid and proc.pid != os.getpid():
+            yield proc
+
+
+def stop_family(marker: str | None, folder: Path | None = None, first: int | None = None,
+                timeout: float = 30.0, spare: Collection[int] = ()) -> list[int]:
     """Stop every process of the family: SIGTERM to ``first`` (the launcher), then to the rest.
 
     The launcher stops the others in order (within ``timeout`` seconds); whatever is left then
-    gets SIGTERM, and SIGKILL 5 s later. Returns the PIDs that were running.
+    gets SIGTERM, and SIGKILL 5 s later. ``spare``: PIDs never signalled. Returns the PIDs that
+    were running.
     """
-    procs = family(marker, folder)
+    procs = family(marker, folder, spare)
     leader = [p for p in procs if p.pid == first]
     _signal(leader, signal.SIGTERM)
     psutil.wait_procs(leader, timeout=timeout)
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        left = family(marker, folder)
+        left = family(marker, folder, spare)
         if not left:
             break
         log.info("stopping %d leftover Ray process(es) with %s", len(left), sig.name)
         _signal(left, sig)
         psutil.wait_procs(left, timeout=5.0)
+    return [p.pid for p in procs]
+
+
+def stop_pids(pids: Sequence[int]) -> list[int]:
+    """SIGTERM to each PID, SIGKILL 5 s later to those left; the PIDs that were running."""
+    procs = []
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            procs.append(psutil.Process(pid))
+    _signal(procs, signal.SIGTERM)
+    _, left = psutil.wait_procs(procs, timeout=5.0)
+    _signal(left, signal.SIGKILL)
+    psutil.wait_procs(left, timeout=5.0)
     return [p.pid for p in procs]
 
 
@@ -116,28 +176,106 @@ def write_record(path: Path, record: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
-@contextlib.contextmanager
-def stop_signals_as_ctrl_c(signals: Sequence[int] = (signal.SIGTERM, signal.SIGHUP)) -> Iterator[None]:
-    """Within the block, SIGTERM and SIGHUP do what Ctrl-C does.
+class StopSignals:
+    """Within the block, SIGINT, SIGTERM and SIGHUP stop the driver as Ctrl-C does, and are
+    remembered (:attr:`received`).
 
-    Each runs whichever SIGINT handler is active: Ray Tune's (it stops the experiment and saves
-    its state) while a Tuner runs, else Python's (KeyboardInterrupt); KeyboardInterrupt too when
-    SIGINT is ignored (a background job). Enter it after ``ray.init``, which installs its own
-    SIGTERM handler (``sys.exit``). Main thread only; the previous handlers come back on exit.
+    SIGTERM and SIGHUP run whichever SIGINT handler is active: Ray Tune's (it stops the
+    experiment and saves its state) while a Tuner runs, else this block's, which raises
+    KeyboardInterrupt (also when SIGINT was ignored, as in a background job). Whatever a stop
+    signal leads to (KeyboardInterrupt, Tune returning early, an error of a library that was
+    interrupted), the entry point that holds the block sees ``received`` and ends with
+    "interrupted". ``ray.init`` installs its own SIGTERM handler: :func:`handlers_kept` puts
+    this one back. Main thread only; the previous handlers come back on exit; blocks nest.
     """
-    previous = {sig: signal.getsignal(sig) for sig in signals}
 
-    def as_interrupt(signum: int, frame: Any) -> None:
-        log.warning("received %s: stopping as on Ctrl-C", signal.Signals(signum).name)
+    def __init__(self) -> None:
+        self.received: int | None = None  # the first stop signal, if any
+        self._previous: dict[int, Any] = {}
+        self._outer: StopSignals | None = None  # the block this one is nested in
+
+    def __enter__(self) -> StopSignals:
+        self._previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+        outer = getattr(self._previous[signal.SIGTERM], "__self__", None)
+        self._outer = outer if isinstance(outer, StopSignals) else None
+        if self._previous[signal.SIGINT] in _PLAIN_CTRL_C or self._outer is not None:
+            signal.signal(signal.SIGINT, self._ctrl_c)  # another's own handler (Tune's) stays
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, self._as_ctrl_c)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def check(self) -> None:
+        """Raise KeyboardInterrupt if a stop signal came: the one its handler raised can be lost
+        (raised where Python ignores exceptions, e.g. in a fork handler of a library)."""
+        if self.received:
+            raise KeyboardInterrupt
+
+    def _note(self, signum: int) -> None:
+        self.received = self.received or signum
+        if self._outer is not None:
+            self._outer._note(signum)
+
+    def _ctrl_c(self, signum: int, frame: Any) -> None:
+        self._note(signum)
+        raise KeyboardInterrupt
+
+    def _as_ctrl_c(self, signum: int, frame: Any) -> None:
+        self._note(signum)
+        log.info("received %s: stopping as on Ctrl-C", signal.Signals(signum).name)
         on_ctrl_c = signal.getsignal(signal.SIGINT)
         if not callable(on_ctrl_c):
             raise KeyboardInterrupt
         on_ctrl_c(signal.SIGINT, frame)
 
-    for sig in signals:
-        signal.signal(sig, as_interrupt)
+
+_PLAIN_CTRL_C = (signal.default_int_handler, signal.SIG_DFL, signal.SIG_IGN, None)
+
+
+def stop_signals_as_ctrl_c() -> StopSignals:
+    """A :class:`StopSignals` block (kept for the callers that only need the handlers)."""
+    return StopSignals()
+
+
+@contextlib.contextmanager
+def handlers_kept(signals: Sequence[int] = STOP_SIGNALS) -> Iterator[None]:
+    """Run a call that installs its own stop-signal handlers (``ray.init`` sets SIGTERM to
+    ``sys.exit``) and put the previous ones back after it; a SIGTERM that such a handler turned
+    into ``SystemExit`` inside the call comes out as KeyboardInterrupt."""
+    previous = {sig: signal.getsignal(sig) for sig in signals}
     try:
         yield
+    except SystemExit as exc:
+        if exc.code == signal.SIGTERM and _is_handled(previous):
+            raise KeyboardInterrupt from None
+        raise
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _is_handled(previous: dict[int, Any]) -> bool:
+    return callable(previous.get(signal.SIGTERM)) and previous[signal.SIGTERM] not in (
+        signal.SIG_DFL, signal.SIG_IGN)
+
+
+def sweep_family_at_exit(marker: str, folder: Path) -> None:
+    """When this process exits (``sys.exit``, also from a SIGTERM handler), stop every process of
+    the family still running: SIGTERM, then SIGKILL 5 s later.
+
+    Registered by a ``ray start --block`` launcher before Ray registers its own shutdown, so it
+    runs after Ray stopped the processes it started itself: what Ray leaves (the dashboard's
+    forkserver and its module processes, which die only when they notice their parent is gone)
+    is stopped before the launcher exits. The launcher gets SIGTERM when the driver dies, also by
+    SIGKILL (:func:`die_with_parent`), so no process of the instance outlives the driver.
+    """
+    import atexit
+
+    def sweep() -> None:
+        # The driver holds files open in the folder too: spared while it lives (a normal stop).
+        stop_family(marker, folder, spare={os.getppid()})
+
+    atexit.register(sweep)

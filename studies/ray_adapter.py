@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from ray.tune.result import AUTO_RESULT_KEYS
 
 from icr.errors import UserError
 from studies import processes
@@ -59,11 +60,22 @@ START_ATTEMPTS = 3  # a node whose `ray start` gave up is started again (_retrie
 # Ray's Unix sockets live in <temp>/session_<date>_<pid>/sockets/plasma_store and must fit the
 # 107-byte limit of socket paths: the temp folder gets at most 44 characters.
 MAX_TEMP_DIR = 44
-_START_SCRIPT = "import sys\nfrom ray.scripts.scripts import main\nsys.argv[0] = 'ray'\nsys.exit(main())\n"
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+# The launcher: `ray start` that, when it exits, also stops what Ray leaves of its instance
+# (processes.sweep_family_at_exit). Arguments: the project root, the temp folder, then
+# `ray start`'s own.
+_START_SCRIPT = (
+    "import os, sys\nfrom pathlib import Path\nsys.path.insert(0, sys.argv.pop(1))\n"
+    "from studies.processes import MARKER, sweep_family_at_exit\n"
+    "sweep_family_at_exit(os.environ[MARKER], Path(sys.argv.pop(1)))\n"
+    "{before}from ray.scripts.scripts import main\nsys.argv[0] = 'ray'\nsys.exit(main())\n"
+)
+_HEAD_SCRIPT = _START_SCRIPT.format(before="")
 # `ray start --address` turns a loopback address into the machine's one (and refuses to join
 # with RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0): a node joining a loopback head keeps it as given.
-_JOIN_LOOPBACK_SCRIPT = ("import ray._private.services as services\n"
-                         "services.resolve_ip_for_localhost = lambda host: host\n" + _START_SCRIPT)
+_JOIN_LOOPBACK_SCRIPT = _START_SCRIPT.format(
+    before="import ray._private.services as services\n"
+           "services.resolve_ip_for_localhost = lambda host: host\n")
 
 
 @dataclass
@@ -151,7 +163,7 @@ def _start_private(num_cpus: int | None, num_gpus: int | None, dashboard: bool,
                    record: Path | None) -> Cluster:
     instance = start_head(num_cpus=num_cpus, num_gpus=num_gpus, dashboard=dashboard)
     try:
-        with _loopback_stays_loopback():
+        with _loopback_stays_loopback(), processes.handlers_kept():
             info = ray.init(address=instance.address, log_to_driver=False, configure_logging=False)
         dashboard_url = _url(info.dashboard_url)
         if record is not None:
@@ -167,7 +179,7 @@ def _join(address: str) -> Cluster:
     gcs = reachable_gcs(address)
     _use_token_if_present()
     try:
-        with _loopback_stays_loopback():
+        with _loopback_stays_loopback(), processes.handlers_kept():
             info = ray.init(address=gcs, log_to_driver=False, configure_logging=False)
     except (ConnectionError, RuntimeError, ValueError, ray.exceptions.RayError) as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -360,7 +372,7 @@ def _start_head_once(num_cpus: int | None, num_gpus: int | None, dashboard: bool
     # environment of the dashboard and the autoscaler monitor).
     ports = {"ray_client_server": free_port(), "dashboard_metrics": free_port(),
              "autoscaler_metrics": free_port()}
-    cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head",
+    cmd = [sys.executable, "-c", _HEAD_SCRIPT, str(PROJECT_ROOT), str(temp_dir), "start", "--head",
            "--node-ip-address", LOOPBACK, "--port", "0", "--dashboard-host", LOOPBACK,
            "--dashboard-port", "0", "--include-dashboard", str(dashboard).lower(),
            "--ray-client-server-port", str(ports["ray_client_server"]),
@@ -370,14 +382,13 @@ def _start_head_once(num_cpus: int | None, num_gpus: int | None, dashboard: bool
     env = {**_launcher_env(marker), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
            "DASHBOARD_METRIC_PORT": str(ports["dashboard_metrics"]),
            "AUTOSCALER_METRIC_PORT": str(ports["autoscaler_metrics"])}
-    launcher = _launch(cmd, env, temp_dir)
     address_file = temp_dir / "ray_current_cluster"  # written by `ray start` once it runs
 
     def started() -> str | None:
         return address_file.read_text().strip() if address_file.is_file() else None
 
-    address = _wait_started(launcher, temp_dir, marker, started, timeout,
-                            "the private Ray instance")
+    launcher, address = _launch_and_wait(cmd, env, temp_dir, marker, started, timeout,
+                                         "the private Ray instance")
     return LocalInstance(launcher, temp_dir, marker, address, ports)
 
 
@@ -401,16 +412,38 @@ def _start_node_once(address: str, num_cpus: int | None, num_gpus: int | None,
                      resources: Mapping[str, float] | None, timeout: float) -> LocalInstance:
     temp_dir = _new_temp_dir()
     marker = uuid.uuid4().hex
-    cmd = [sys.executable, "-c", _JOIN_LOOPBACK_SCRIPT, "start", "--address", address,
+    cmd = [sys.executable, "-c", _JOIN_LOOPBACK_SCRIPT, str(PROJECT_ROOT), str(temp_dir), "start",
+           "--address", address,
            *_node_options(temp_dir, num_cpus, num_gpus, resources)]
-    launcher = _launch(cmd, _launcher_env(marker), temp_dir)
     log_file = temp_dir / "ray-start.log"
 
     def started() -> str | None:
+        if not log_file.is_file():
+            return None
         return address if "Ray runtime started" in log_file.read_text(errors="replace") else None
 
-    _wait_started(launcher, temp_dir, marker, started, timeout, f"a Ray node joining {address}")
+    launcher, _ = _launch_and_wait(cmd, _launcher_env(marker), temp_dir, marker, started, timeout,
+                                   f"a Ray node joining {address}")
     return LocalInstance(launcher, temp_dir, marker, address)
+
+
+def _launch_and_wait(cmd: list[str], env: dict[str, str], temp_dir: Path, marker: str,
+                     started: Callable[[], str | None], timeout: float,
+                     what: str) -> tuple[subprocess.Popen, str]:
+    """Launch ``ray start`` and wait until it runs; on Ctrl-C (or a stop signal) meanwhile,
+    stop what it started before passing the interruption on."""
+    launcher = None
+    try:
+        with processes.stop_signals_deferred():  # a signal during the fork comes after it
+            launcher = _launch(cmd, env, temp_dir)
+        return launcher, _wait_started(launcher, temp_dir, marker, started, timeout, what)
+    except KeyboardInterrupt:
+        processes.stop_family(marker, temp_dir, first=launcher.pid if launcher else None)
+        if launcher is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                launcher.wait(timeout=10)
+        _remove_temp_dir(temp_dir)
+        raise
 
 
 def _node_options(temp_dir: Path, num_cpus: int | None, num_gpus: int | None,
@@ -464,7 +497,7 @@ def _launch(cmd: list[str], env: dict[str, str], temp_dir: Path) -> subprocess.P
     with open(temp_dir / "ray-start.log", "wb") as out:
         return subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True,
-                                preexec_fn=processes.die_with_parent)
+                                preexec_fn=processes.launched_child_setup)
 
 
 def _wait_started(launcher: subprocess.Popen, temp_dir: Path, marker: str,
@@ -538,25 +571,100 @@ def stop_recorded_instance(record_path: Path, *, force: bool = False) -> list[in
     """Stop the Ray instance a record names (its launcher, then any process left); PIDs stopped.
 
     Only processes of this user that carry the instance's marker or hold a file open in its temp
-    folder are signalled, so a reused PID or another study's Ray is never touched. Refuses (UserError) while the driver that started it
+    folder (or that the record lists, with their start time) are signalled, so a reused PID or
+    another study's Ray is never touched. Refuses (UserError) while the driver that started it
     still runs, unless ``force``. Removes the record and the instance's temp folder.
+
+    A record that cannot be read whole (damaged, or from another version) is used for what it
+    still tells; when it tells nothing that finds processes, it is removed with a log line if no
+    private Ray instance of this user runs that no live driver accounts for (so none can be its),
+    else refused in one line that names the file and says when removing it is safe.
     """
+    record_path = Path(record_path)
     try:
-        record = json.loads(Path(record_path).read_text())
+        text = record_path.read_text()
     except FileNotFoundError:
         return []
-    except (OSError, ValueError) as exc:
-        raise UserError(f"cannot read the Ray instance record {record_path}: {exc}") from None
-    driver = record["driver"]
-    if (not force and driver["pid"] != os.getpid()
+    except OSError as exc:
+        raise UserError(f"cannot read the Ray instance record {record_path} ({exc.strerror}); "
+                        "give this user access to it, or remove it") from None
+    record, problem = _parse_record(text)
+    driver = record.get("driver") or {}
+    if (not force and _is_process(driver) and driver["pid"] != os.getpid()
             and processes.alive(driver["pid"], driver["create_time"])):
         raise UserError(f"the Ray instance in {record_path} belongs to a running driver "
                         f"(PID {driver['pid']}); stop it first: kill -INT {driver['pid']}")
-    stopped = processes.stop_family(record["marker"], Path(record["temp_dir"]),
-                                     first=record["launcher"]["pid"])
-    _remove_temp_dir(Path(record["temp_dir"]))
-    Path(record_path).unlink(missing_ok=True)
+    marker = record.get("marker") if isinstance(record.get("marker"), str) else None
+    marker = marker or None
+    temp_dir = Path(record["temp_dir"]) if isinstance(record.get("temp_dir"), str) else None
+    if temp_dir is not None and not (temp_dir.is_absolute() and temp_dir.name.startswith(TEMP_PREFIX)):
+        temp_dir = None  # only a folder this module makes names processes (not e.g. /tmp)
+    listed = [p for p in record.get("processes") or () if _is_process(p)]
+    if marker is None and temp_dir is None and not listed:
+        _unusable_record(record_path, problem or "it names no process")
+        return []
+    launcher = record.get("launcher") or {}
+    stopped = []
+    if marker is not None or temp_dir is not None:
+        stopped = processes.stop_family(marker, temp_dir,
+                                         first=launcher.get("pid") if _is_process(launcher) else None)
+    left = [p["pid"] for p in listed if processes.alive(p["pid"], p["create_time"])]
+    if left:
+        stopped += processes.stop_pids(left)
+    if problem:
+        log.warning("the Ray instance record %s was incomplete (%s); stopped what it named "
+                    "(%d process(es) left by a killed driver) and removed it", record_path,
+                    problem, len(stopped))
+    if temp_dir is not None:
+        _remove_temp_dir(temp_dir)
+    record_path.unlink(missing_ok=True)
     return stopped
+
+
+def _parse_record(text: str) -> tuple[dict[str, Any], str]:
+    """The record as a mapping, and what is wrong with it ('' if nothing)."""
+    try:
+        record = json.loads(text)
+    except ValueError as exc:
+        return {}, f"not JSON: {exc}"
+    if not isinstance(record, dict):
+        return {}, "not a JSON object"
+    missing = [k for k in ("marker", "temp_dir", "launcher", "driver", "processes") if k not in record]
+    return record, f"no {', '.join(missing)}" if missing else ""
+
+
+def _is_process(entry: Any) -> bool:
+    """A record's ``{"pid": int, "create_time": float}`` entry."""
+    return (isinstance(entry, dict) and isinstance(entry.get("pid"), int)
+            and isinstance(entry.get("create_time"), (int, float)))
+
+
+def _unusable_record(path: Path, problem: str) -> None:
+    """A record that finds no process: removed if no private Ray instance of this user could be
+    the one it recorded, else a UserError saying when removing it is safe."""
+    running = processes.instance_markers()
+    for sibling in path.parent.glob("*.ray.json"):  # instances of live drivers of other studies
+        if sibling != path:
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                other = json.loads(sibling.read_text())
+                driver = other.get("driver") or {}
+                if _is_process(driver) and processes.alive(driver["pid"], driver["create_time"]):
+                    running.pop(other.get("marker"), None)
+    if not running:
+        log.warning("removed the unreadable Ray instance record %s (%s): no private Ray instance "
+                    "of this user runs, so nothing it recorded is left", path, problem)
+        path.unlink(missing_ok=True)
+        return
+    pids = sorted(pid for family in running.values() for pid in family)
+    raise UserError(
+        f"the Ray instance record {path} is unreadable ({problem}) and {len(running)} private Ray "
+        f"instance(s) of this user run without a live driver here (PIDs {_shorten(pids)}): "
+        f"removing the record is safe if none of them is this study's (stop it with kill "
+        f"-TERM PID); rm {path}, then run the same command again")
+
+
+def _shorten(pids: list[int], shown: int = 5) -> str:
+    return " ".join(map(str, pids[:shown])) + (f" and {len(pids) - shown} more" if len(pids) > shown else "")
 
 
 # --- what users see: dashboard, storage, trial labels -------------------------------------------
@@ -642,3 +750,60 @@ def labelled_trainable(fn: Callable[[dict[str, Any]], Any]) -> type:
 
     LabelledTrial.__name__ = LabelledTrial.__qualname__ = base._name
     return LabelledTrial
+
+
+# --- checkpoints a restored trial continues from (studies.trainable) -------------------------
+
+REPORTED = "icr_reported"  # a checkpoint's metadata key: the result the driver recorded with it
+_BOOKKEEPING = {*AUTO_RESULT_KEYS, "done", "trial_id", "should_checkpoint", "experiment_tag"}
+
+
+def trial_folder(experiment: str) -> str:
+    """The storage folder of the trial this worker runs: Tune names a trial's folder alike in
+    the experiment and in the worker's own trial directory."""
+    from ray import tune
+
+    return f"{experiment.rstrip('/')}/{Path(tune.get_context().get_trial_dir()).name}"
+
+
+def mark(checkpoint: Any, result: Mapping[str, Any]) -> None:
+    """Write into a persisted checkpoint the result it came with (Tune's bookkeeping left out)."""
+    checkpoint.set_metadata({REPORTED: {k: v for k, v in result.items() if k not in _BOOKKEEPING}})
+
+
+def unmark(checkpoint: Any) -> None:
+    with contextlib.suppress(OSError):
+        checkpoint.set_metadata({})
+
+
+def marked_checkpoints(folder: str) -> list[tuple[Any, dict[str, Any]]]:
+    """The checkpoints in a trial's folder that carry a mark, with the result each was marked
+    with (a mark that cannot be read, e.g. half written, counts as none)."""
+    import pyarrow.fs
+    from ray import tune
+
+    fs, path = _filesystem(folder)
+    try:
+        infos = fs.get_file_info(pyarrow.fs.FileSelector(path, allow_not_found=True))
+    except OSError:
+        return []
+    found = []
+    for info in infos:
+        if info.type != pyarrow.fs.FileType.Directory or not info.base_name.startswith("checkpoint_"):
+            continue
+        checkpoint = tune.Checkpoint(info.path, filesystem=fs)
+        try:
+            record = checkpoint.get_metadata().get(REPORTED)
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(record, dict) and isinstance(record.get("epoch"), int | float):
+            found.append((checkpoint, record))
+    return found
+
+
+def _filesystem(uri: str) -> tuple[Any, str]:
+    import pyarrow.fs
+
+    if "://" in uri:
+        return pyarrow.fs.FileSystem.from_uri(uri)
+    return pyarrow.fs.LocalFileSystem(), str(Path(uri).absolute())

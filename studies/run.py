@@ -86,21 +86,40 @@ def main(
     argv: Sequence[str] | None = None, *, backend: object | None = None,
     extra_studies: Mapping[str, Study] | None = None,
 ) -> int:
-    """The command line; ``backend`` and ``extra_studies`` let tests inject fakes."""
+    """The command line; ``backend`` and ``extra_studies`` let tests inject fakes.
+
+    A stop signal (Ctrl-C, SIGTERM, SIGHUP) at any moment ends it with one line, ``interrupted:
+    run the same command again to continue``, and exit code 130, whatever it interrupted.
+    """
     from studies.pipeline import set_quiet_environment
+    from studies.processes import StopSignals
 
     set_quiet_environment()
     from studies.session import Interrupted
 
-    try:
-        return _run(build_parser().parse_args(argv), backend, extra_studies)
-    except (Interrupted, KeyboardInterrupt) as exc:
-        print(f"interrupted: {str(exc) or 'run the same command again to continue'}", file=sys.stderr)
-        return 130
-    except UserError as exc:
-        print(f"error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
-              file=sys.stderr)
-        return 2
+    with StopSignals() as stops:
+        try:
+            return _run(build_parser().parse_args(argv), backend, extra_studies)
+        except (Interrupted, KeyboardInterrupt):
+            return _interrupted()
+        except UserError as exc:
+            if stops.received:  # e.g. a library that reports an interrupted call as its error
+                return _interrupted()
+            print(f"error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
+                  file=sys.stderr)
+            return 2
+        except Exception:
+            if stops.received:
+                return _interrupted()
+            raise
+
+
+def _interrupted() -> int:
+    print(f"interrupted: {INTERRUPTED}", file=sys.stderr)
+    return 130
+
+
+INTERRUPTED = "run the same command again to continue"
 
 
 def _run(args: argparse.Namespace, backend: object | None, extra: Mapping[str, Study] | None) -> int:

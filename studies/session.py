@@ -23,6 +23,8 @@ from typing import Any
 
 from icr.errors import UserError
 from studies.plan import StudyPlan
+from studies.processes import StopSignals
+from studies.progress import ProgressOptions
 from studies.ray_adapter import Cluster
 from studies.tracking import Tracker
 
@@ -46,6 +48,13 @@ class Session:
     fit: Callable[..., Any] | None  # None = icr.train.fit
     verbose: int = 1
     state: dict[str, Any] = field(default_factory=dict)
+    progress: ProgressOptions = field(default_factory=ProgressOptions)
+    stops: StopSignals = field(default_factory=StopSignals)  # the driver's stop signals
+
+    def check_stop(self) -> None:
+        """Raise Interrupted if a stop signal came (before a phase, a Tuner, a saved state)."""
+        if self.stops.received:
+            raise Interrupted()
 
     @property
     def concurrency(self) -> int:
@@ -59,6 +68,7 @@ class Session:
         return f"{self.storage_path}/{name}"
 
     def save_state(self, **changes: Any) -> None:
+        self.check_stop()  # a phase interrupted is not a phase done
         self.state.update(changes)
         write_state(self.run_dir, self.state)
 

@@ -5,8 +5,15 @@ dotted keys that the searcher sampled (or, for confirmation runs, ``train.seed``
 the trial needs travels once, through the object store, as a :class:`TrialJob`: the validated flat
 overrides of each condition and the workspace. The trainable builds the ``ExperimentConfig`` once,
 calls ``fit`` with a reporter that forwards each :class:`~icr.train.EpochReport` to
-``ray.tune.report`` with its checkpoint, and resumes from ``ray.tune.get_checkpoint()`` after a
-failure or a restored study.
+``ray.tune.report`` with its checkpoint, and resumes after a failure or a restored study.
+
+A reported epoch is a checkpointed epoch. Tune saves its experiment state (each trial's last
+checkpoint) in the background, so a driver killed at the wrong moment leaves a state that lags
+what the driver had recorded: restored from it, a trial would train again an epoch that MLflow
+holds, and go on from another model. So the driver marks each checkpoint with the result it
+came with before recording that result (:class:`MarkReported`), and a trial continues after the
+newest marked checkpoint of its folder (:func:`resume_point`), never older than Tune's own:
+every epoch MLflow holds is one a restored trial continues after, and the record matches the run.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from ray import tune
 from icr.config import ExperimentConfig, Scalar, from_flat, to_flat, used_keys
 from icr.train.seam import EpochReport
 from icr.workspace import Workspace
+from studies import ray_adapter
 
 FitFn = Callable[..., Any]  # the signature of icr.train.fit
 
@@ -37,6 +45,7 @@ class TrialJob:
     workspace: str
     conditions: Mapping[str, Mapping[str, Scalar]]  # condition -> flat overrides (validated)
     chosen: Mapping[str, Mapping[str, Scalar]] = field(default_factory=dict)  # winners' values
+    experiment: str = ""  # where Tune keeps the experiment (its trials' folders)
 
     def config(self, trial_config: Mapping[str, Any]) -> ExperimentConfig:
         """The trial's config: the condition's overrides, then its own (sampled) dotted keys."""
@@ -87,12 +96,55 @@ def run_trial(trial_config: dict[str, Any], *, job: TrialJob, fit: FitFn | None 
     trial_id = tune.get_context().get_trial_id()
     with tempfile.TemporaryDirectory(prefix=f"icr-trial-{trial_id}-") as run_dir:
         kwargs = {"workspace": Workspace.resolve(job.workspace), "run_dir": Path(run_dir)}
-        checkpoint = tune.get_checkpoint()
-        if checkpoint is None:
-            fit(config, reporter, None, **kwargs)
-            return
-        with checkpoint.as_directory() as resume_from:
-            fit(config, reporter, Path(resume_from), **kwargs)
+        resume_from, ended = resume_point(job, Path(run_dir) / "resume")
+        if not ended:
+            fit(config, reporter, resume_from, **kwargs)
+
+
+def resume_point(job: TrialJob, local: Path) -> tuple[Path | None, bool]:
+    """Where this trial continues, and whether it had ended there (its last epoch).
+
+    Returns a local copy of the trial's newest marked checkpoint (of Tune's own when none is
+    marked: a study started before marks), or ``None`` to start from scratch. A marked
+    checkpoint newer than Tune's is one Tune's saved state lost: it is reported again with the
+    result it was marked with (a copy, which Tune persists and registers, and the driver marks
+    and records where it had not), then the marks of the trial's other checkpoints are removed,
+    since Tune writes its next checkpoints into folders of its own numbering, theirs included.
+    """
+    registered = tune.get_checkpoint()
+    marked = ray_adapter.marked_checkpoints(ray_adapter.trial_folder(job.experiment)) \
+        if job.experiment else []
+    newest = max(marked, key=lambda pair: pair[1]["epoch"], default=None)
+    if newest is None or (registered is not None and _same(registered, newest[0])):
+        if registered is None:
+            return None, False
+        registered.to_directory(str(local))
+        return local, bool(newest and newest[1].get("final"))
+    checkpoint, record = newest
+    checkpoint.to_directory(str(local))
+    copy = tune.Checkpoint.from_directory(str(local))
+    copy.set_metadata({})  # unmarked until the driver marks the folder Tune copies it into
+    tune.report(dict(record), checkpoint=copy)
+    persisted = tune.get_checkpoint()  # where Tune put the copy
+    for other, _ in marked:
+        if persisted is None or not _same(other, persisted):
+            ray_adapter.unmark(other)
+    return local, bool(record.get("final"))
+
+
+def _same(a: tune.Checkpoint, b: tune.Checkpoint) -> bool:
+    return a.path.rstrip("/") == b.path.rstrip("/")
+
+
+class MarkReported(tune.Callback):
+    """Marks each checkpoint a trial reports with the result it came with. It must come before
+    the MLflow callback, which records a result that came with a checkpoint only after this
+    (see the module docstring)."""
+
+    def on_checkpoint(self, iteration: int, trials: list, trial: Any, checkpoint: Any, **info: Any) -> None:
+        result = trial.last_result or {}
+        if "epoch" in result:
+            ray_adapter.mark(checkpoint, result)
 
 
 def _use_assigned_cpus() -> None:

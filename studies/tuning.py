@@ -19,9 +19,10 @@ interrupted before Tune first saved it is started over (:func:`saved_by_tune`).
 from __future__ import annotations
 
 import csv
+import functools
 import logging
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,12 +33,13 @@ from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 from ray.tune.schedulers import ASHAScheduler
 from ray.tune.search.optuna import OptunaSearch
 
+from studies.progress import DONE, INTERVAL_S, RUNNING, WAITING, Progress, TrialView, say_now
 from studies.ray_adapter import labelled_trainable
 from studies.samplers import SpreadThenTPESampler
 from studies.session import Interrupted, Session
 from studies.space import ConditionalSpace
 from studies.tracking import PARENT_TAG, MlflowTrialCallback, error_line, run_name, trial_error
-from studies.trainable import TrialJob, run_trial
+from studies.trainable import MarkReported, TrialJob, run_trial
 
 log = logging.getLogger(__name__)
 
@@ -135,21 +137,110 @@ def quiet_retried_syncs() -> None:
 
 
 class ProgressCallback(tune.Callback):
-    """One line per finished trial (Tune's own tables are behind ``--verbose``)."""
+    """What the driver shows while a Tuner runs: at each trial's end a line saying how it ended,
+    and the status line of :class:`~studies.progress.Progress` at each trial's end and at least
+    every ``interval`` seconds (Tune calls ``on_step_end`` at every turn of its loop, about ten
+    times a second, also while no result arrives). In a terminal the status is a tqdm bar of
+    the trials, refreshed every second, instead of lines.
+    """
 
-    def __init__(self, max_epochs: int, metric: str) -> None:
-        self.max_epochs = max_epochs
-        self.metric = metric
+    def __init__(self, progress: Progress, *, say: Callable[[str], None] = say_now,
+                 interval: float = INTERVAL_S, bar: bool = False,
+                 describe: Callable[[Mapping[str, Any]], str] | None = None) -> None:
+        self.progress = progress
+        self.say = say
+        self.interval = interval
+        self.bar = bar
+        self.describe = describe or sampled_values  # a trial's config -> what tells it apart
+        self._last = progress.clock()
+        self._ended: set[str] = set()
+        self._tqdm: Any = None
+        self._seeded = False
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickled into Tune's experiment (a restored Tuner gets it back): the clock and the
+        # output of this driver stay here; a restored one gets fresh ones.
+        fresh = Progress(self.progress.title, self.progress.expected, self.progress.max_epochs,
+                         self.progress.metric, self.progress.mode, self.progress.slots)
+        return {**self.__dict__, "progress": fresh, "say": say_now, "_tqdm": None, "_last": 0.0,
+                "_ended": set()}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.progress.started = self._last = self.progress.clock()
+        self._seeded = False
+
+    def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict,
+                        **info: Any) -> None:
+        self.progress.on_result(trial.trial_id, result, self._values(trial))
+
+    def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
+        if not self._seeded:  # a restored Tuner's trials come with their last results
+            self._seeded = True
+            for trial in trials:
+                self.progress.on_score(trial.trial_id, trial.last_result or {}, self._values(trial))
+        due = 1.0 if self.bar else self.interval
+        if self.progress.clock() - self._last >= due:
+            self._status(trials)
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         result = trial.last_result or {}
         epochs = int(result.get("epoch", 0))
-        ended = "full budget" if epochs >= self.max_epochs else "stopped by ASHA"
-        print(f"  {_name(trial)}: {epochs} epoch(s), {self.metric} "
-              f"{result.get(self.metric, float('nan')):.2f} ({ended})", flush=True)
+        ended = "full budget" if epochs >= self.progress.max_epochs else "stopped by ASHA"
+        self._ended_line(trial, f"{epochs} epoch(s), {self.progress.metric} "
+                                f"{result.get(self.progress.metric, float('nan')):.2f} ({ended})")
+        self._status(trials)
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        print(f"  {_name(trial)}: FAILED: {error_line(trial_error(trial))}", flush=True)
+        self._ended_line(trial, f"FAILED: {error_line(trial_error(trial))}")
+        self._status(trials)
+
+    def on_experiment_end(self, trials: list, **info: Any) -> None:
+        if self._tqdm is not None:
+            self._tqdm.close()
+            self._tqdm = None
+
+    def _ended_line(self, trial: Any, how: str) -> None:
+        if trial.trial_id not in self._ended:
+            self._ended.add(trial.trial_id)
+            self.progress.on_trial_end(int((trial.last_result or {}).get("epoch", 0)))
+        self._write(f"  {_name(trial)}: {how}")
+
+    def _status(self, trials: list) -> None:
+        self._last = self.progress.clock()
+        states = [self._state(t) for t in trials]
+        line = self.progress.line(states)
+        if not self.bar:
+            self._write(line)
+            return
+        if self._tqdm is None:
+            from tqdm.auto import tqdm
+
+            self._tqdm = tqdm(total=self.progress.expected, desc=self.progress.title, unit="trial",
+                              bar_format="{desc} {n}/{total} trials |{bar}| {postfix}")
+        self._tqdm.n = sum(s.state == DONE for s in states)
+        self._tqdm.set_postfix_str(line.split(": ", 1)[1].split("; ", 1)[-1])
+
+    def _write(self, line: str) -> None:
+        if self._tqdm is not None:
+            self._tqdm.write(line)
+        else:
+            self.say(line)
+
+    def _state(self, trial: Any) -> TrialView:
+        epochs = int((trial.last_result or {}).get("epoch", 0))
+        if trial.trial_id in self._ended or trial.status in ("TERMINATED", "ERROR"):
+            return TrialView(trial.trial_id, DONE, epochs)
+        return TrialView(trial.trial_id, RUNNING if trial.status == "RUNNING" else WAITING, epochs)
+
+    def _values(self, trial: Any) -> str:
+        return self.describe(trial.config)
+
+
+def sampled_values(config: Mapping[str, Any]) -> str:
+    """``objective.eta=0.237``: the dotted keys of a Tune config (what a trial sampled)."""
+    return ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
+                     for k, v in config.items() if "." in k)
 
 
 def _name(trial: Any) -> str:
@@ -159,9 +250,10 @@ def _name(trial: Any) -> str:
 
 def run_tuner(
     session: Session, name: str, job: TrialJob, param_space: dict[str, Any],
-    tune_config: tune.TuneConfig, expected: int,
+    tune_config: tune.TuneConfig, expected: int, title: str,
 ) -> list[TrialRecord]:
-    """Run (or continue) the Tune experiment ``name`` of this study run (``expected`` trials)."""
+    """Run (or continue) the Tune experiment ``name`` of this study run (``expected`` trials;
+    ``title`` heads its status lines)."""
     plan = session.plan
     trainable = labelled_trainable(tune.with_resources(  # the dashboard names each trial's actor
         tune.with_parameters(run_trial, job=job, fit=session.fit), session.resources
@@ -186,26 +278,55 @@ def run_tuner(
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
             # Tune's JSON and CSV logs (what ResultGrid reads), not its TensorBoard logger, which
             # cannot log an epoch's trajectory rows (auto loggers are off: set_quiet_environment).
-            callbacks=[callback, ProgressCallback(plan.max_epochs, plan.study.metric),
+            # MarkReported before the MLflow callback: a checkpoint is marked before its result
+            # is recorded (studies.trainable).
+            callbacks=[MarkReported(), callback, progress_callback(session, job, title, expected),
                        JsonLoggerCallback(), CSVLoggerCallback()],
             verbose=session.verbose,
         )
         tuner = tune.Tuner(trainable, param_space=param_space, tune_config=tune_config,
                            run_config=run_config)
     quiet_retried_syncs()
+    session.check_stop()
     grid = tuner.fit()
-    if len(grid) < expected or grid.num_terminated + grid.num_errors < len(grid):
-        # Tune returns normally after Ctrl-C, with its state saved: stop here, resumable.
-        raise Interrupted(f"the study was interrupted during {name}; run the same command again "
-                          f"to continue it (state in {session.run_dir})")
-    records = []
-    for result in grid:
-        metrics = dict(result.metrics or {})
-        trial_id = metrics.get("trial_id") or Path(str(result.path)).name
-        error = error_line(result.error) if result.error is not None else ""
-        records.append(TrialRecord(str(trial_id), result.config["condition"], dict(result.config),
-                                   metrics, error))
-    return records
+    session.check_stop()  # Tune stopped on a stop signal and returned normally
+    ended = [r for r in grid if r.error is not None or (r.metrics or {}).get("done")]
+    if len(ended) < expected or len(ended) < len(grid):
+        # Tune returns normally after Ctrl-C, with its state saved: stop here, resumable. A
+        # trial it stopped then is TERMINATED too, but without its last result marked done.
+        log.info("the Tune experiment %s was interrupted (state in %s)", name, session.run_dir)
+        raise Interrupted()
+    configs = {}
+    if any(result.config is None for result in grid):  # a trial failed before its first result
+        configs = {str(t.path): t.config for t in tune.ExperimentAnalysis(path).trials}
+    return [_record(result, configs) for result in grid]
+
+
+def _record(result: Any, configs: Mapping[str, dict[str, Any]]) -> TrialRecord:
+    """A trial that ended, as a TrialRecord. The config of a trial that failed before its first
+    result is not in its result: ``configs`` has it (trial folder -> config)."""
+    metrics = dict(result.metrics or {})
+    trial_id = metrics.get("trial_id") or Path(str(result.path)).name
+    error = error_line(result.error) if result.error is not None else ""
+    config = dict(result.config or configs.get(str(result.path)) or {})
+    return TrialRecord(str(trial_id), str(config.get("condition", "")), config, metrics, error)
+
+
+def progress_callback(session: Session, job: TrialJob, title: str, expected: int) -> ProgressCallback:
+    """The status lines of a Tuner: a search's best shows its sampled values, a confirmation's
+    its condition, the winner's values and the seed."""
+    plan, options = session.plan, session.progress
+    progress = Progress(title, expected, plan.max_epochs, plan.study.metric, plan.study.mode,
+                        session.concurrency, options.clock)
+    describe = sampled_values
+    if job.phase == "confirm":
+        describe = functools.partial(_confirmation_values, job)
+    return ProgressCallback(progress, say=options.say, interval=options.interval,
+                            bar=options.use_bar(), describe=describe)
+
+
+def _confirmation_values(job: TrialJob, config: Mapping[str, Any]) -> str:
+    return ", ".join(filter(None, [str(config.get("condition")), sampled_values(job.shown(config))]))
 
 
 def saved_by_tune(path: Path) -> bool:
@@ -239,7 +360,9 @@ def search(session: Session, condition: str) -> list[TrialRecord]:
     plan = session.plan
     cond = plan.condition(condition)
     study = plan.study
-    job = TrialJob(study.name, "search", str(plan.workspace.root), {condition: cond.flat})
+    name = f"search-{condition}"
+    job = TrialJob(study.name, "search", str(plan.workspace.root), {condition: cond.flat},
+                   experiment=session.experiment_path(name))
     sampler = SpreadThenTPESampler(min(study.startup_trials, plan.budget), study.searcher_seed,
                                    tuple(cond.domains))
     searcher = PrunedAwareOptunaSearch(
@@ -255,8 +378,8 @@ def search(session: Session, condition: str) -> list[TrialRecord]:
         metric=study.metric, mode=study.mode, search_alg=searcher, scheduler=scheduler,
         num_samples=plan.budget, max_concurrent_trials=session.concurrency,
     )
-    return run_tuner(session, f"search-{condition}", job, {"condition": condition}, tune_config,
-                     plan.budget)
+    return run_tuner(session, name, job, {"condition": condition}, tune_config, plan.budget,
+                     f"search {condition}")
 
 
 def confirm(session: Session, winners: Mapping[str, Mapping[str, Any]]) -> list[TrialRecord]:
@@ -268,9 +391,10 @@ def confirm(session: Session, winners: Mapping[str, Mapping[str, Any]]) -> list[
     conditions = {name: {**plan.condition(name).flat, **sampled, "eval.test": True, **analyses}
                   for name, sampled in winners.items()}
     job = TrialJob(plan.study.name, "confirm", str(plan.workspace.root), conditions,
-                   {name: dict(sampled) for name, sampled in winners.items()})
+                   {name: dict(sampled) for name, sampled in winners.items()},
+                   experiment=session.experiment_path("confirm"))
     param_space = {"condition": tune.grid_search(list(conditions)),
                    "train.seed": tune.grid_search(list(plan.seeds))}
     tune_config = tune.TuneConfig(num_samples=1, max_concurrent_trials=session.concurrency)
     return run_tuner(session, "confirm", job, param_space, tune_config,
-                     expected=len(conditions) * len(plan.seeds))
+                     expected=len(conditions) * len(plan.seeds), title="confirm")

@@ -400,3 +400,33 @@ def test_two_instances_and_a_killed_driver_leaves_nothing(local, tmp_path: Path)
         return True
 
     assert ray.get(alive.remote())  # this module's instance was not touched
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)  # a hang guard: a Ray instance starts slowly on a starved machine
+def test_no_process_of_a_private_instance_outlives_a_killed_driver(tmp_path: Path) -> None:
+    """SIGKILL of the driver in its report phase: a `multiprocessing` forkserver child of the
+    study (the dashboard's, and its module processes) was still running 5 s later. The
+    launcher gets SIGTERM when the driver dies; it must not exit before the whole family has."""
+    import psutil
+
+    record = tmp_path / "run" / "ray-instance.json"
+    driver = subprocess.Popen([sys.executable, "-c", SECOND_DRIVER, str(record)], cwd=ROOT, env=ENV,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=open(tmp_path / "driver.log", "w"), text=True)  # noqa: SIM115
+    try:
+        assert driver.stdout.readline(), (tmp_path / "driver.log").read_text()[-2000:]
+        saved = json.loads(record.read_text())
+        family = processes.family(saved["marker"], Path(saved["temp_dir"]))
+        assert any("forkserver" in " ".join(p.cmdline()) for p in family)  # the dashboard's
+    finally:
+        driver.kill()  # SIGKILL: no cleanup of its own
+        driver.wait()
+    launcher = psutil.Process(saved["launcher"]["pid"])
+    deadline = time.monotonic() + 120
+    with contextlib.suppress(psutil.NoSuchProcess):  # exited: a zombie until someone reaps it
+        while launcher.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+            time.sleep(0.05)  # waits for the launcher, not for time
+    left = processes.family(saved["marker"], Path(saved["temp_dir"]))
+    assert not left, [(p.pid, " ".join(p.cmdline())[:80]) for p in left]
+    ray_adapter.stop_recorded_instance(record)  # the record and the temp folder

@@ -147,3 +147,47 @@ def test_a_stop_signal_while_data_is_prepared_says_interrupted(tmp_path: Path) -
     assert driver.returncode == 130, err[-2000:]
     assert err.strip().splitlines()[-1] == "interrupted: run the same command again to continue"
     assert "Traceback" not in err
+
+
+STARTING_RAY = """
+import sys
+from pathlib import Path
+from studies.fakes import FakeFit, fake_prepare
+from studies.pipeline import Backend
+from studies.run import main
+
+def prepare(config, workspace):
+    Path(sys.argv[1]).touch()  # data prepared: the private Ray instance starts next
+    return fake_prepare(config, workspace)
+
+sys.exit(main(["ltd_bound", "--smoke", "--workspace", sys.argv[2], "--no-dashboard"],
+              backend=Backend(FakeFit(), prepare)))
+"""
+
+
+@pytest.mark.slow
+def test_a_stop_signal_while_ray_starts_says_interrupted(tmp_path: Path) -> None:
+    """Between the data and the session (Ray starting, `ray.init` with its own SIGTERM
+    handler) a SIGTERM or SIGHUP killed the driver without a word (rc -15, -1; SIGHUP takes
+    SIGTERM's handler)."""
+    sig = signal.SIGTERM
+    import psutil
+
+    ready = tmp_path / "prepared"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_USAGE_STATS_ENABLED": "0"}
+    driver = subprocess.Popen([sys.executable, "-c", STARTING_RAY, str(ready), str(tmp_path / "ws")],
+                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+    try:
+        while not ready.exists() and driver.poll() is None:
+            time.sleep(0.05)  # waits for the driver, not for time
+        children = psutil.Process(driver.pid).children(recursive=True)
+        driver.send_signal(sig)
+        out, err = driver.communicate(timeout=180)
+    finally:
+        driver.kill()
+    assert driver.returncode == 130, err[-2000:]
+    assert err.strip().splitlines()[-1] == "interrupted: run the same command again to continue"
+    assert "Traceback" not in err
+    gone, alive = psutil.wait_procs(children, timeout=60)
+    assert not alive  # the Ray instance it was starting is stopped

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -267,3 +269,195 @@ def test_a_tune_experiment_killed_before_its_first_save_starts_over(cluster, tmp
     assert client.get_run(lost[0]).info.lifecycle_stage == "deleted"
     assert len(runs[runs["phase"] == "search"]) == 3  # the search was not touched
     assert json.loads((run_dir / "state.json").read_text())["phase"] == "done"
+
+
+
+class StepClock:
+    """A clock that advances one second each time it is read: 30 readings are 30 s."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+@pytest.mark.slow
+def test_the_driver_shows_progress_while_no_result_arrives(cluster, tmp_path: Path) -> None:
+    """A status line every 30 s (of a clock read at every turn of Tune's loop), also while the
+    trials hold before their first epoch, and one at each trial's end with the right counts."""
+    from studies.pipeline import run_study
+    from studies.plan import Options, StudyPlan
+    from studies.progress import ProgressOptions
+
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    lines: list[str] = []
+
+    def say(line: str) -> None:
+        lines.append(line)
+        waiting = [x for x in lines if x.startswith("search lagrangian: 0 done, 2 running")]
+        if len(waiting) >= 2:  # two 30-s lines while no trial has reported: let them train
+            (gate / "go").touch()
+
+    study: Study = fake_study(tmp_path, budget=3, conditions=("lagrangian",))
+    plan = StudyPlan.build(study, Options(workspace=str(tmp_path / "ws"), seeds=1))
+    fit = FakeFit(epoch_seconds=0.05, gate=str(gate), hold_after=0)
+    run_study(plan, Backend(fit, fake_prepare), say=say,
+              progress=ProgressOptions(interval=30.0, say=say, clock=StepClock(), bar=False))
+
+    search = lines[lines.index("search lagrangian: objective.eta ~ uniform [0.05, 0.3]") + 1:]
+    search = search[:next(i for i, x in enumerate(search) if x.startswith("  3 trials:"))]
+    status = [x for x in search if x.startswith("search lagrangian: ")]
+    ends = [i for i, x in enumerate(search) if x.startswith("  trial ")]
+    assert len(ends) == 3
+    held = [x for x in search[:ends[0]] if x.startswith("search lagrangian: 0 done, 2 running, 1 left; ")]
+    assert len(held) >= 2 and all("the rest estimated after the first epoch" in x for x in held)
+    for k, i in enumerate(ends, start=1):  # each trial's end, then the status with it counted
+        assert search[i + 1].startswith(f"search lagrangian: {k} done, "), search[i:i + 2]
+        assert "best val_rsum " in search[i + 1] and "(objective.eta=" in search[i + 1]
+    assert status[-1].startswith("search lagrangian: 3 done, 0 running, 0 left; best val_rsum ")
+    confirm = [x for x in lines if x.startswith("confirm: ")]
+    assert confirm[-1].startswith("confirm: 1 done, 0 running, 0 left; best val_rsum ")
+    assert "(lagrangian, objective.eta=" in confirm[-1] and ", train.seed=1000)" in confirm[-1]
+
+
+SIGNALLED_DRIVER = """
+import sys
+from pathlib import Path
+from studies.fakes import FakeFit, fake_prepare
+from studies.pipeline import Backend
+from studies.run import main
+sys.path.insert(0, {tests!r})
+from test_studies_pipeline import fake_study
+study = fake_study(Path({tmp!r}), budget=2, conditions=("lagrangian",))
+fit = FakeFit(epoch_seconds=30.0, record_dir={records!r})  # trials that report nothing for 30 s
+sys.exit(main(sys.argv[1:], backend=Backend(fit, fake_prepare), extra_studies={{"fake": study}}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP])  # SIGTERM: SIGHUP's handler
+def test_a_stop_signal_while_trials_start_says_interrupted(cluster, tmp_path: Path, sig: int) -> None:
+    """SIGINT or SIGHUP right after `A new study created`, or SIGTERM 2 s after it, gave rc 1
+    and a traceback (`result.config["condition"]`: Tune had marked the trials it stopped
+    TERMINATED, without a result)."""
+    records = tmp_path / "records"
+    script = tmp_path / "driver.py"
+    script.write_text(SIGNALLED_DRIVER.format(tests=str(ROOT / "tests"), tmp=str(tmp_path),
+                                              records=str(records)))
+    args = ["fake", "--workspace", str(tmp_path / "ws"), "--address", cluster.address, "--seeds", "1"]
+    driver = subprocess.Popen([sys.executable, str(script), *args], cwd=ROOT, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        deadline = time.monotonic() + 180
+        while len(list(records.glob("*.json"))) < 2 and driver.poll() is None \
+                and time.monotonic() < deadline:
+            time.sleep(0.1)  # waits for both trials to start, not for time
+        driver.send_signal(sig)
+        out, err = driver.communicate(timeout=180)
+    finally:
+        driver.kill()
+        driver.wait()
+    assert len(list(records.glob("*.json"))) == 2, err[-3000:]
+    assert driver.returncode == 130, err[-3000:]
+    assert err.strip().splitlines()[-1] == "interrupted: run the same command again to continue"
+    assert "Traceback" not in err
+
+
+HELD_DRIVER = """
+import sys
+from pathlib import Path
+from studies.fakes import FakeFit, fake_prepare
+from studies.pipeline import Backend
+from studies.run import main
+sys.path.insert(0, {tests!r})
+from test_studies_pipeline import fake_study
+study = fake_study(Path({tmp!r}), budget=2, conditions=("lagrangian",))
+fit = FakeFit(epoch_seconds=1.0, record_dir={records!r}, gate={gate!r}, hold_after=0)
+sys.exit(main(sys.argv[1:], backend=Backend(fit, fake_prepare), extra_studies={{"fake": study}}))
+"""
+
+
+def recorded_epochs(db: Path) -> dict[str, int]:
+    """Tune trial id -> the last epoch its MLflow run holds (read-only, as finished_trials)."""
+    if not db.exists():
+        return {}
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
+            rows = con.execute(
+                "SELECT t.value, MAX(m.step) FROM metrics m JOIN tags t ON t.run_uuid = m.run_uuid "
+                "WHERE m.key = 'epoch' AND t.key = 'tune_trial_id' GROUP BY t.value").fetchall()
+    except sqlite3.Error:
+        return {}
+    return {trial: int(epoch) for trial, epoch in rows}
+
+
+def trial_of(call: dict) -> str:
+    return re.search(r"icr-trial-(\w+?)-", call["run_dir"]).group(1)
+
+
+@pytest.mark.slow
+def test_a_trial_restored_from_a_lagging_tune_state_continues_after_its_recorded_epoch(
+        cluster, tmp_path: Path) -> None:
+    """SIGKILL of the driver 38 s into the search: a trial's epoch 1, recorded before the kill,
+    was trained again after it, because Tune saves its experiment state (which holds each trial's
+    checkpoint) to storage in the background and the kill came before that copy. Here Tune's
+    state is put back to one saved before the first epoch, as such a kill leaves it; every
+    trial must continue after the epoch MLflow holds for it."""
+    workspace, records, gate = tmp_path / "ws", tmp_path / "records", tmp_path / "gate"
+    gate.mkdir()
+    script = tmp_path / "driver.py"
+    script.write_text(HELD_DRIVER.format(tests=str(ROOT / "tests"), tmp=str(tmp_path),
+                                         records=str(records), gate=str(gate)))
+    args = ["fake", "--workspace", str(workspace), "--address", cluster.address, "--seeds", "1"]
+    log = open(tmp_path / "driver.log", "w")  # noqa: SIM115 - closed with the driver
+    driver = subprocess.Popen([sys.executable, str(script), *args], cwd=ROOT, stdout=log,
+                              stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    deadline = time.monotonic() + 180
+    try:
+        # Both trials started and hold before their first epoch; Tune's state on storage has them.
+        saved, trials = None, set()
+        while saved is None and driver.poll() is None and time.monotonic() < deadline:
+            trials = {trial_of(json.loads(p.read_text())) for p in records.glob("*.json")}
+            states = list(workspace.glob("ray/fake/*/search-lagrangian/experiment_state-*.json"))
+            if len(trials) == 2 and states and all(t in states[-1].read_text() for t in trials):
+                experiment = states[-1].parent
+                saved = {p.name: p.read_bytes() for p in experiment.iterdir() if p.is_file()}
+            time.sleep(0.1)  # waits for the driver, not for time
+        assert saved is not None, (tmp_path / "driver.log").read_text()[-3000:]
+        (gate / "go").touch()
+        while not recorded_epochs(workspace / "mlflow.db") and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        driver.kill()
+        driver.wait()
+        log.close()
+    recorded = recorded_epochs(workspace / "mlflow.db")
+    assert recorded, (tmp_path / "driver.log").read_text()[-3000:]
+    first_calls = set(records.glob("*.json"))
+    for path in experiment.iterdir():  # Tune's state as the kill left it: from before epoch 1
+        if path.is_file():
+            path.unlink()
+    for name, data in saved.items():
+        (experiment / name).write_bytes(data)
+
+    rc = main([*args, "--resume"], backend=Backend(FakeFit(epoch_seconds=0.05, record_dir=str(records)),
+                                                   fake_prepare),
+              extra_studies={"fake": fake_study(tmp_path, budget=2, conditions=("lagrangian",))})
+    assert rc == 0
+    again = [json.loads(p.read_text()) for p in set(records.glob("*.json")) - first_calls]
+    search_again = {trial_of(c): c for c in again if trial_of(c) in trials}
+    runs = child_runs(workspace)
+    final = {row["tune_trial_id"]: row["steps"][-1] for _, row in runs.iterrows()}
+    for trial in trials:
+        if trial in search_again:  # it trained on from the epoch its run holds, not from before
+            assert search_again[trial]["resumed_after"] == recorded.get(trial, 0), (
+                trial, recorded, search_again)
+        else:  # it ended there (it had, or ASHA stopped it when its epoch came again)
+            assert final[trial] == recorded[trial], (trial, recorded, final)
+    assert runs["tune_trial_id"].is_unique and all(len(s) == len(set(s)) for s in runs["steps"])
+    full = runs[(runs["phase"] == "search") & (runs["budget_complete"] == "true")]
+    assert all(steps == [1, 2, 3, 4] for steps in full["steps"])

@@ -62,7 +62,7 @@ from icr.grounding.words import WordEncoder, WordFeatures, word_features
 from icr.metrics.grounding import DEFAULT_BOX_CONVENTION, check_box_convention
 from icr.seeding import derive_seed
 from icr.train.recipe import build_optimizer
-from icr.train.tasks import TASKS
+from icr.train.tasks import TASKS, Prepared
 
 logger = logging.getLogger(__name__)
 
@@ -171,6 +171,19 @@ def _rows(array: np.ndarray, index: np.ndarray, device: torch.device) -> torch.T
     return torch.from_numpy(np.asarray(array[index], dtype=np.float32)).to(device)
 
 
+def steps_per_epoch(num_captions: int, batch_size: int) -> int:
+    """Full batches of ``batch_size`` captions in an epoch over ``num_captions``.
+
+    Raises:
+        ConfigError: the batch is larger than the epoch.
+    """
+    steps = num_captions // batch_size
+    if steps == 0:
+        raise ConfigError(f"train.batch_size={batch_size} exceeds the {num_captions} training "
+                          "captions of an epoch; lower train.batch_size")
+    return steps
+
+
 class GroundingTask:
     """The grounding model, its optimiser and the steps of the recipe (module docstring).
 
@@ -225,10 +238,7 @@ class GroundingTask:
         self.trajectory_every, self.eval_batch_size = trajectory_every, eval_batch_size
         self.box_convention = check_box_convention(box_convention)
         train = data.splits["train"]
-        steps = train.num_captions // batch_size
-        if steps == 0:
-            raise ConfigError(f"grounding.batch_size={batch_size} exceeds the "
-                              f"{train.num_captions} training captions; lower it")
+        steps = steps_per_epoch(train.num_captions, batch_size)
         self.steps_per_epoch = min(steps, max_steps_per_epoch) if max_steps_per_epoch else steps
         self.use_lang = lang_weight > 0 and data.candidates is not None
         torch.manual_seed(seed)
@@ -393,20 +403,26 @@ def _prepare(config: Any, workspace: Any, device: str | None, progress: bool = F
         mlm=g.mlm_path or HEAD_SOURCE, device=device, show_progress=progress)
 
 
-def prepare_grounding(config: Any, workspace: Any) -> str:
+def prepare_grounding(config: Any, workspace: Any) -> Prepared:
     """Every cached input of a grounding run (word features, negatives, their features), on the
-    driver; the fingerprint of the splits' captions."""
+    driver; the fingerprint of the splits' captions and the size of the training split."""
     import hashlib
 
     data = _prepare(config, workspace, None, progress=True)
     digest = hashlib.sha256()
     for split in SPLITS:
         digest.update("\n".join(data.splits[split].captions).encode())
-    return digest.hexdigest()[:16]
+    train = data.splits["train"]
+    return Prepared(digest.hexdigest()[:16], train.num_captions, train.num_images)
+
+
+def fits_grounding(config: Any, data: Prepared) -> None:
+    """An epoch of ``train.batch_size`` captions has at least one batch."""
+    steps_per_epoch(data.train_captions, config.train.batch_size)
 
 
 @TASKS.register("grounding", reads=("grounding.*",), prepare=prepare_grounding,
-                provides=(GroundingInputs, Attention))
+                fits=fits_grounding, provides=(GroundingInputs, Attention))
 def grounding(config: Any, workspace: Any, device: torch.device) -> GroundingTask:
     """Weakly supervised phrase grounding (Gupta et al., ECCV 2020); keys in the module docstring."""
     g = config.grounding

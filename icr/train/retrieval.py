@@ -54,7 +54,7 @@ from icr.objectives import Objective, build_objective
 from icr.seeding import derive_seed, seed_everything
 from icr.train.evaluation import embed_split, evaluate_split
 from icr.train.recipe import build_optimizer, schedule_factor, swa_snapshot_steps
-from icr.train.tasks import TASKS
+from icr.train.tasks import TASKS, Prepared
 from icr.workspace import Workspace
 
 log = logging.getLogger(__name__)
@@ -339,14 +339,23 @@ def check_retrieval(config: ExperimentConfig) -> None:
         check_glove_file(Path(config.text.glove))
 
 
-def prepare_retrieval(config: ExperimentConfig, workspace: Workspace) -> str:
+def prepare_retrieval(config: ExperimentConfig, workspace: Workspace) -> Prepared:
     """The data of a retrieval run, cached (dataset, vocabulary, targets, relevance)."""
-    return prepare_data(config, workspace).fingerprint
+    data = prepare_data(config, workspace)
+    train = data.splits["train"]
+    return Prepared(data.fingerprint, train.num_captions, train.num_images)
+
+
+def fits_retrieval(config: ExperimentConfig, data: Prepared) -> None:
+    """An epoch of ``train.batch_size`` has at least one batch (what :class:`RetrievalTask`
+    computes first)."""
+    t = config.train
+    steps_per_epoch(data.train_captions, data.train_images, t.batch_size, t.sampler, t.epoch_unit)
 
 
 @TASKS.register(
     "retrieval", reads=("image.*", "text.*", "model.*", "loss.*", "decoder.*", "objective.*"),
-    prepare=prepare_retrieval, check=check_retrieval,
+    prepare=prepare_retrieval, check=check_retrieval, fits=fits_retrieval,
     provides=(Embeddings, InitialEmbeddings, RetrievalInputs),
 )
 def retrieval(config: ExperimentConfig, workspace: Workspace, device: torch.device) -> RetrievalTask:

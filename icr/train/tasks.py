@@ -10,6 +10,7 @@ offers the analyses (``provides=``, :mod:`icr.context`), so a study is checked b
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -80,14 +81,42 @@ def check(config: Any) -> None:
         checker(config)
 
 
-def prepare(config: Any, workspace: Any) -> str:
-    """Prepare (and cache) everything the task's trials will read; a fingerprint of the data.
+@dataclass(frozen=True)
+class Prepared:
+    """What preparing a configuration's data tells the driver.
 
-    A task registers its preparation as ``prepare=`` (``(config, workspace) -> str``): the
+    Attributes:
+        fingerprint: identifies the data (files and split contents), for tracking.
+        train_captions: training captions an epoch can draw from (grounding: those with phrases).
+        train_images: training images (with at least one caption).
+    """
+
+    fingerprint: str
+    train_captions: int
+    train_images: int
+
+
+def prepare(config: Any, workspace: Any) -> Prepared:
+    """Prepare (and cache) everything the task's trials will read; what the data holds.
+
+    A task registers its preparation as ``prepare=`` (``(config, workspace) -> Prepared``): the
     platform calls it once per distinct data configuration on the driver, before any trial, so a
     bad file fails there and the trials find every cache ready.
     """
     return TASKS.meta(config.task.name)["prepare"](config, workspace)
+
+
+def check_fits(config: Any, data: Prepared) -> None:
+    """The checks a trial makes against the size of its data, made on the driver.
+
+    A task registers them as ``fits=`` (``(config, prepared) -> None``, ConfigError naming the
+    key): the same functions its training calls (e.g. the steps of an epoch), so a value that
+    cannot work for the dataset (``train.batch_size`` above the captions of an epoch) stops the
+    study before it starts instead of failing every trial.
+    """
+    fits = TASKS.meta(config.task.name).get("fits")
+    if fits is not None:
+        fits(config, data)
 
 
 def artifacts_dir(run_dir: Path) -> Path:

@@ -1,0 +1,156 @@
+"""The driver's status line: where a Tune run stands, every 30 seconds and at each trial's end.
+
+    search lagrangian: 3 done, 2 running, 3 left; best val_rsum 188.2 (objective.eta=0.237);
+    5m12s elapsed, about 6m40s left
+
+:class:`Progress` keeps the counts, the best score and the measured epoch times of one Tune run
+(a condition's search, or the confirmation) and writes the line; it knows nothing of Ray (the
+Tune callback that feeds it is :class:`studies.tuning.ProgressCallback`).
+
+The estimate of the rest is the epochs still to train times the mean measured epoch time
+(Tune's ``time_this_iter_s``: training, validation and reporting), divided by the trials that
+run at once. It assumes that a running trial trains to the full budget and that a trial not
+yet started trains as many epochs as the trials finished so far in this run did on average
+(the full budget until one has finished, and in a confirmation, where nothing stops early). ASHA
+decides at run time how far a trial goes, so during a search the estimate moves; it is an upper
+bound while no trial has finished.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+DONE, RUNNING, WAITING = "done", "running", "waiting"
+INTERVAL_S = 30.0  # the longest time between two status lines
+
+
+def say_now(line: str) -> None:
+    """Print a line at once, also when stdout is a pipe (``make study | tee log``)."""
+    print(line, flush=True)
+
+
+@dataclass(frozen=True)
+class ProgressOptions:
+    """How a driver shows its progress.
+
+    Attributes:
+        interval: seconds between two status lines at most (a line comes at each trial's end too).
+        say: where lines go.
+        clock: seconds (monotonic); tests pass a fake one.
+        bar: a tqdm bar instead of status lines; ``None``: when stderr is a terminal.
+    """
+
+    interval: float = INTERVAL_S
+    say: Callable[[str], None] = say_now
+    clock: Callable[[], float] = time.monotonic
+    bar: bool | None = None
+
+    def use_bar(self) -> bool:
+        return self.bar if self.bar is not None else sys.stderr.isatty()
+
+
+@dataclass(frozen=True)
+class TrialView:
+    """What the line needs of one trial: its state and how many epochs it reported."""
+
+    trial_id: str
+    state: str  # DONE, RUNNING or WAITING (created, not started)
+    epochs: int = 0
+
+
+@dataclass
+class Progress:
+    """The status of one Tune run (see the module docstring).
+
+    Args:
+        title: what runs, e.g. ``search lagrangian`` or ``confirm``.
+        expected: trials the run will have in all.
+        max_epochs: the full budget of a trial.
+        metric, mode: the score shown as the best so far (``max`` or ``min``).
+        slots: trials that run at once.
+        clock: seconds (monotonic); tests pass a fake one.
+    """
+
+    title: str
+    expected: int
+    max_epochs: int
+    metric: str
+    mode: str = "max"
+    slots: int = 1
+    clock: Callable[[], float] = time.monotonic
+    started: float = field(init=False)
+    latest: dict[str, tuple[float, str]] = field(default_factory=dict, init=False)
+    epoch_seconds: list[float] = field(default_factory=list, init=False)
+    finished_epochs: list[int] = field(default_factory=list, init=False)
+
+    def __post_init__(self) -> None:
+        self.started = self.clock()
+
+    def on_result(self, trial_id: str, result: Mapping[str, Any], values: str) -> None:
+        """A reported epoch: its time, and the trial's score now (``values``: the trial's
+        sampled values, shown beside the best score)."""
+        seconds = result.get("time_this_iter_s", result.get("epoch_time_s"))
+        if isinstance(seconds, int | float) and math.isfinite(seconds) and seconds > 0:
+            self.epoch_seconds.append(float(seconds))
+        self.on_score(trial_id, result, values)
+
+    def on_score(self, trial_id: str, result: Mapping[str, Any], values: str) -> None:
+        """A trial's latest score (e.g. a restored trial's last result)."""
+        score = result.get(self.metric)
+        if isinstance(score, int | float) and math.isfinite(score):
+            self.latest[trial_id] = (float(score), values)
+
+    @property
+    def best(self) -> tuple[float, str] | None:
+        """The best of the trials' latest scores, with its values: the score a trial is judged
+        on (select.py takes it at the end of the full budget), as the trial lines show it."""
+        if not self.latest:
+            return None
+        sign = 1.0 if self.mode == "max" else -1.0
+        return max(self.latest.values(), key=lambda pair: sign * pair[0])
+
+    def on_trial_end(self, epochs: int) -> None:
+        """A trial of this run ended after ``epochs`` epochs (finished, stopped or failed)."""
+        self.finished_epochs.append(epochs)
+
+    def line(self, trials: Iterable[TrialView]) -> str:
+        trials = list(trials)
+        done = sum(t.state == DONE for t in trials)
+        running = [t for t in trials if t.state == RUNNING]
+        left = max(0, self.expected - done - len(running))
+        parts = [f"{done} done, {len(running)} running, {left} left"]
+        if self.best is not None:
+            parts.append(f"best {self.metric} {self.best[0]:.1f}"
+                         + (f" ({self.best[1]})" if self.best[1] else ""))
+        elapsed = f"{_duration(self.clock() - self.started)} elapsed"
+        rest = self.seconds_left(running, left)
+        if rest is None:
+            elapsed += ", the rest estimated after the first epoch"
+        elif left or running:
+            elapsed += f", about {_duration(rest)} left" if rest >= 1 else ", finishing"
+        parts.append(elapsed)
+        return f"{self.title}: " + "; ".join(parts)
+
+    def seconds_left(self, running: list[TrialView], left: int) -> float | None:
+        """The estimate of the rest (module docstring); None before an epoch was measured."""
+        if not self.epoch_seconds:
+            return None if (running or left) else 0.0
+        epoch = sum(self.epoch_seconds) / len(self.epoch_seconds)
+        expected_length = (sum(self.finished_epochs) / len(self.finished_epochs)
+                           if self.finished_epochs else self.max_epochs)
+        per_trial = [max(0, self.max_epochs - t.epochs) for t in running]
+        epochs = sum(per_trial) + left * expected_length
+        parallel = max(1, min(self.slots, len(running) + left))
+        return max(epochs / parallel, max(per_trial, default=0)) * epoch
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, int(round(seconds)))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
