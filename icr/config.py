@@ -97,7 +97,8 @@ class DataConfig:
         "rouge, none, or a path to an .npy matrix", path=("auto", "semantic", "rouge", "none")
     )
     image_size: int = _field(64, "images are resized to this square size", low=16)
-    num_workers: int = _field(0, "DataLoader worker processes", low=0)
+    num_workers: int = _field(-1, "training DataLoader worker processes; -1 = auto: none on CPU, "
+                              "the trial's CPU threads (at most 4) on CUDA", low=-1)
 
 
 @dataclass(frozen=True)
@@ -247,7 +248,10 @@ class TrainConfig:
     swa_snapshots: int = _field(5, "snapshots averaged per epoch", low=1)
     swa_fraction: float = _field(0.1, "fraction of each epoch the snapshots span", low=0, high=1)
     swa_bn_batches: int = _field(20, "batches used to refresh BatchNorm statistics after SWA", low=1)
-    amp: bool = _field(True, "mixed precision (CUDA only; ignored on CPU)")
+    amp: bool = _field(True, "mixed precision: float16 autocast + loss scaling (CUDA only; "
+                       "ignored on CPU)")
+    deterministic: bool = _field(True, "CUDA: deterministic kernels, cuDNN autotuner off (same "
+                                 "numbers on a rerun); false: cudnn.benchmark on (faster)")
     device: str = _field("auto", "auto, cpu, cuda or cuda:N")
     trajectory_every: int = _field(10, "log lambda / L_rec / L_con every this many steps", low=1)
     max_steps_per_epoch: int = _field(0, "cut epochs short (debugging); 0 = full epochs", low=0)
