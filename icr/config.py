@@ -97,7 +97,8 @@ class DataConfig:
         "rouge, none, or a path to an .npy matrix", path=("auto", "semantic", "rouge", "none")
     )
     image_size: int = _field(64, "images are resized to this square size", low=16)
-    num_workers: int = _field(0, "DataLoader worker processes", low=0)
+    num_workers: int = _field(-1, "training DataLoader worker processes; -1 = auto: none on CPU, "
+                              "the trial's CPU threads (at most 4) on CUDA", low=-1)
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,8 @@ class TextConfig:
     bert_path: str = _field("", "BERT-architecture model folder ('' = the bundled MiniLM)", path=())
     bert_lr_factor: float = _field(0.1, "the transformer's lr = optim.lr x this (VSE+2AD: 0.1)",
                                    low=0)
+    bert_layers: int = _field(0, "tern: use the BERT's first N layers (0 = all; TERN: 6 of "
+                              "BERT-base)", low=0)
     vocab_min_count: int = _field(1, "training-split count a word needs to enter the vocabulary", low=1)
     max_len: int = _field(40, "captions are cut to this many tokens", low=2)
     unk_prob: float = _field(0.1, "augmentation: probability a token becomes <unk>", low=0, high=1)
@@ -129,6 +132,10 @@ class ImageConfig:
     pooling: str = _field("max", "pooling of the token encoders (region_tokens)",
                           registry=_REG["pooling"])
     gcn_layers: int = _field(4, "VSRN: graph reasoning layers over the regions", low=0)
+    transformer_layers: int = _field(4, "tern: transformer layers over the regions (TERN: 4)",
+                                     low=0)
+    transformer_dim: int = _field(2048, "tern: width of the region transformer layers (TERN: "
+                                  "2048, the BUTD feature size)", low=1)
     output_dim: int = _field(256, "small_cnn / regions: size of the image vector", low=1)
     pretrained: bool = _field(False, "load ImageNet weights from a local file or the torch cache")
     frozen: bool = _field(False, "keep the image backbone frozen for the whole run (VSE++: only "
@@ -144,6 +151,16 @@ class ModelConfig:
     head_batchnorm: bool = _field(
         False, "BatchNorm1d after each projection head (the PCME/LTD triplet baseline; VSRN)"
     )
+    shared_layers: int = _field(2, "tern: transformer layers on top of both encoders, one set of "
+                                "weights for the image and caption streams (TERN: 2)", low=0)
+    shared_dim: int = _field(1024, "tern: width of the shared layers; regions and wordpieces are "
+                             "projected to it (TERN: 1024)", low=1)
+    transformer_heads: int = _field(4, "tern: attention heads of every transformer layer (TERN: 4)",
+                                    low=1)
+    transformer_ff_dim: int = _field(2048, "tern: feed-forward size of every transformer layer "
+                                     "(TERN: 2048)", low=1)
+    transformer_dropout: float = _field(0.1, "tern: dropout in every transformer layer (TERN: 0.1)",
+                                        low=0, high=1)
 
 
 @dataclass(frozen=True)
@@ -238,7 +255,10 @@ class TrainConfig:
     swa_snapshots: int = _field(5, "snapshots averaged per epoch", low=1)
     swa_fraction: float = _field(0.1, "fraction of each epoch the snapshots span", low=0, high=1)
     swa_bn_batches: int = _field(20, "batches used to refresh BatchNorm statistics after SWA", low=1)
-    amp: bool = _field(True, "mixed precision (CUDA only; ignored on CPU)")
+    amp: bool = _field(True, "mixed precision: float16 autocast + loss scaling (CUDA only; "
+                       "ignored on CPU)")
+    deterministic: bool = _field(True, "CUDA: deterministic kernels, cuDNN autotuner off (same "
+                                 "numbers on a rerun); false: cudnn.benchmark on (faster)")
     device: str = _field("auto", "auto, cpu, cuda or cuda:N")
     trajectory_every: int = _field(10, "log lambda / L_rec / L_con every this many steps", low=1)
     max_steps_per_epoch: int = _field(0, "cut epochs short (debugging); 0 = full epochs", low=0)

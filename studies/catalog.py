@@ -80,6 +80,10 @@ class Study:
             if table.baseline is not None and table.baseline not in names:
                 raise ValueError(f"study {self.name}: table {table.name} baseline "
                                  f"{table.baseline!r} is not a condition")
+            unknown = sorted(set(table.rows or ()) - set(names))
+            if unknown:
+                raise ValueError(f"study {self.name}: table {table.name} rows {unknown} are not "
+                                 "conditions")
 
     @property
     def space_path(self) -> Path:

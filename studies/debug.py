@@ -41,8 +41,10 @@ def run_debug(
     run_dir = plan.workspace.runs / f"debug-{plan.key}-{time.strftime('%Y%m%d-%H%M%S')}"
     result = fit(config, reporter, None, workspace=plan.workspace, run_dir=run_dir, progress=True)
     if history:
+        name = condition or plan.study.debug_condition or plan.conditions[-1].name
         for table in plan.study.tables:
-            say(record_table(history[-1], table))
+            if table.rows is None or name in table.rows:  # the tables that show this condition
+                say(record_table(history[-1], table))
         say(f"best validation {plan.study.metric.removeprefix('val_')} at epoch {result.best_epoch}")
     else:
         say("no epoch ran")

@@ -5,8 +5,10 @@ run and its child runs from MLflow (:mod:`studies.runs`), so every number in the
 traceable to a run, and writes ``<workspace>/reports/<key>/``:
 
 - per declared table (:mod:`studies.tables`): ``<table>.md`` and ``<table>.tex``, one row per
-  condition over its finished confirmation runs (mean ± std over seeds, Welch's t-test against the
-  baseline row); a condition none of whose runs finished says why in its row;
+  condition (of the table's ``rows``) over its finished confirmation runs (mean ± std over seeds,
+  Welch's t-test against the baseline row, Holm-Bonferroni over the table's tests); a condition
+  none of whose runs finished says why in its row; ``<table>_vs_baseline.md`` / ``.tex``: each
+  row's difference to the baseline with its 95 % Welch-Satterthwaite confidence interval;
 - ``trials.csv``: every trial (search and confirmation) with its recorded params, final metrics
   and, for a failed one, the one-line cause;
 - the declared figures (:mod:`studies.figures`), ``<figure>.png``;
@@ -33,7 +35,15 @@ from icr.workspace import Workspace
 from studies.catalog import Study, get_study
 from studies.figures import render
 from studies.runs import RunSet, load_runs
-from studies.tables import Table, summarize, to_latex, to_markdown
+from studies.tables import (
+    Table,
+    differences_latex,
+    differences_markdown,
+    has_differences,
+    summarize,
+    to_latex,
+    to_markdown,
+)
 from studies.tracking import Tracker
 
 DESCRIPTION_TAG = "mlflow.note.content"  # what the MLflow UI shows as a run's description
@@ -114,7 +124,9 @@ def table_frame(table: Table, study: Study, runs: RunSet, labels: dict[str, str]
     """The runs a table summarises (the finished confirmation runs, then an ensemble row per
     ensemble run, then the table's reference rows), their condition order and row labels."""
     finished = runs.finished("confirm")
-    order = [c.name for c in study.conditions]
+    order = [c.name for c in study.conditions if table.rows is None or c.name in table.rows]
+    if table.rows is not None:
+        finished = finished[finished["condition"].isin(order)] if not finished.empty else finished
     labels = dict(labels)
     for _, ensemble in runs.finished("ensemble").iterrows():  # a row per ensemble run
         name, members = f"ensemble:{ensemble['condition']}", str(ensemble["members"]).split(",")
@@ -144,6 +156,12 @@ def write_table(table: Table, study: Study, runs: RunSet, labels: dict[str, str]
     markdown = to_markdown(rows, table) + ("\n" + "\n".join(notes) + "\n" if notes else "")
     (out / f"{table.name}.md").write_text(markdown, encoding="utf-8")
     (out / f"{table.name}.tex").write_text(to_latex(rows, table), encoding="utf-8")
+    if has_differences(rows, table):
+        differences = differences_markdown(rows, table)
+        (out / f"{table.name}_vs_baseline.md").write_text(differences, encoding="utf-8")
+        (out / f"{table.name}_vs_baseline.tex").write_text(differences_latex(rows, table),
+                                                           encoding="utf-8")
+        markdown += "\n" + differences
     metrics = {}
     for row in rows:
         name = re.sub(r"[^\w\-./: ]", "", row.condition).strip()  # MLflow's metric-name alphabet

@@ -3,11 +3,20 @@
 One writer for the study report, ``--debug`` and the benchmarks: a :class:`Table` declares its
 columns; :func:`summarize` turns a frame of runs (one row per run: a ``condition`` column and the
 metric columns) into one :class:`RowSummary` per condition; :func:`to_markdown` and
-:func:`to_latex` render them, with a legend naming the test, the number of runs and alpha.
+:func:`to_latex` render them, with a legend naming the test, its correction, the number of runs
+and alpha; :func:`differences_markdown` and :func:`differences_latex` render each row's
+difference to the baseline with its 95 % confidence interval.
 
 - ``†``: the cell differs from the baseline row by Welch's t-test over the runs (seeds),
-  two-sided, p < alpha; one test per row and compared column, uncorrected for multiple
-  comparisons (the legend counts them). A side with fewer than 2 runs is not tested.
+  two-sided, one test per row and compared column; the table's tests are corrected together by
+  Holm's step-down procedure (``Table.correction="holm"``, the default: a cell is marked when its
+  Holm-adjusted p < alpha, which bounds the probability of any false mark in the table by alpha)
+  or not at all (``correction=None``: p < alpha); the legend names the correction and counts the
+  tests. A side with fewer than 2 runs is not tested.
+- difference to the baseline: the row's mean minus the baseline's, with the Welch-Satterthwaite
+  95 % confidence interval of the difference of means (``t`` quantile at the Welch degrees of
+  freedom times the unpooled standard error); each interval is for its own comparison
+  (not adjusted for the table's other comparisons).
 - bold: a column's best mean, only when the test separates it from the baseline: a row's best
   mean significantly better than the baseline's; the baseline's own when every other row is
   significantly worse. Rows tied for the best mean (a searched condition that picked a fixed
@@ -20,6 +29,10 @@ metric columns) into one :class:`RowSummary` per condition; :func:`to_markdown` 
 References:
     Welch, B. L. (1947). The generalization of "Student's" problem when several different
     population variances are involved. Biometrika 34(1-2), 28-35.
+    Satterthwaite, F. E. (1946). An approximate distribution of estimates of variance components.
+    Biometrics Bulletin 2(6), 110-114.
+    Holm, S. (1979). A simple sequentially rejective multiple test procedure. Scandinavian
+    Journal of Statistics 6(2), 65-70.
 """
 
 from __future__ import annotations
@@ -85,7 +98,9 @@ class Table:
         columns: the columns, left to right.
         baseline: the condition every other row is tested against; None: the first row.
         test: ``"welch"`` (Welch's t-test over the runs) or None (no test, nothing bold).
-        alpha: significance level of the test.
+        alpha: significance level of the test (family-wise over the table with Holm).
+        correction: ``"holm"`` (Holm-Bonferroni over the table's tests) or None (uncorrected).
+        rows: the conditions the table shows, top to bottom; None: every condition.
         caption: what the table shows (split, checkpoint), after the title.
         row_header: header of the label column.
         references: extra rows ``(label, prefix, replacement)`` read from the same runs with each
@@ -102,6 +117,8 @@ class Table:
     caption: str = ""
     row_header: str = "Condition"
     references: tuple[tuple[str, str, str], ...] = ()
+    correction: Literal["holm"] | None = "holm"
+    rows: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "columns", tuple(self.columns))
@@ -112,6 +129,27 @@ class Table:
             raise ConfigError(f"table {self.name!r}: test={self.test!r}; use 'welch' or None")
         if not 0.0 < self.alpha < 1.0:
             raise ConfigError(f"table {self.name!r}: alpha={self.alpha}; use a value in (0, 1)")
+        if self.correction not in ("holm", None):
+            raise ConfigError(f"table {self.name!r}: correction={self.correction!r}; use 'holm' "
+                              "or None")
+        if self.rows is not None:
+            object.__setattr__(self, "rows", tuple(self.rows))
+            if not self.rows or len(set(self.rows)) != len(self.rows):
+                raise ConfigError(f"table {self.name!r}: rows {list(self.rows)}; give each "
+                                  "condition once, or None for all")
+            if self.baseline is not None and self.baseline not in self.rows:
+                raise ConfigError(f"table {self.name!r}: baseline {self.baseline!r} is not "
+                                  "among its rows; add it to rows")
+
+
+@dataclass(frozen=True)
+class Difference:
+    """A row's mean minus the baseline's, with a confidence interval of that difference."""
+
+    estimate: float
+    low: float
+    high: float
+    level: float = 0.95
 
 
 @dataclass(frozen=True)
@@ -120,8 +158,10 @@ class Cell:
 
     values: tuple[float, ...]
     p: float | None = None  # Welch p-value against the baseline; None: not tested
-    significant: bool = False  # p < alpha
+    p_adjusted: float | None = None  # p after the table's correction (Holm); = p uncorrected
+    significant: bool = False  # p_adjusted < alpha
     bold: bool = False
+    difference: Difference | None = None  # to the baseline; None: not tested
 
     @property
     def n(self) -> int:
@@ -158,6 +198,46 @@ def welch_p(a: Sequence[float], b: Sequence[float]) -> float | None:
         return float(stats.ttest_ind(a, b, equal_var=False).pvalue)
 
 
+def welch_difference(a: Sequence[float], b: Sequence[float], level: float = 0.95
+                     ) -> Difference | None:
+    """``mean(a) - mean(b)`` with its Welch-Satterthwaite confidence interval; None with fewer
+    than 2 values a side.
+
+    The interval is ``d ± t_{(1+level)/2, nu} * se`` with ``se^2 = s_a^2/n_a + s_b^2/n_b`` and
+    ``nu = se^4 / ((s_a^2/n_a)^2/(n_a-1) + (s_b^2/n_b)^2/(n_b-1))`` (Welch 1947, Satterthwaite
+    1946); both sides constant: the interval is the point ``d``.
+    """
+    if len(a) < 2 or len(b) < 2:
+        return None
+    va, vb = np.var(a, ddof=1) / len(a), np.var(b, ddof=1) / len(b)
+    estimate = float(np.mean(a) - np.mean(b))
+    se2 = va + vb
+    if se2 == 0.0:
+        return Difference(estimate, estimate, estimate, level)
+    df = se2**2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    half = float(stats.t.ppf(0.5 + level / 2, df) * math.sqrt(se2))
+    return Difference(estimate, estimate - half, estimate + half, level)
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm-adjusted p-values, in the order given.
+
+    Sorted ascending, ``p_(i)`` becomes ``max_{j <= i} min(1, (m - j + 1) p_(j))`` for ``m``
+    tests; rejecting where the adjusted value is below alpha is Holm's step-down procedure, which
+    controls the family-wise error rate at alpha. A NaN p-value (nothing to test) counts among the
+    ``m`` tests, is ordered last and stays NaN.
+    """
+    m = len(pvalues)
+    order = sorted(range(m), key=lambda i: (math.isnan(pvalues[i]), pvalues[i]))
+    adjusted, running = [math.nan] * m, 0.0
+    for rank, i in enumerate(order):
+        if math.isnan(pvalues[i]):
+            continue
+        running = max(running, min(1.0, (m - rank) * pvalues[i]))
+        adjusted[i] = running
+    return adjusted
+
+
 def summarize(
     runs: pd.DataFrame, table: Table, order: Sequence[str] | None = None,
     labels: Mapping[str, str] | None = None,
@@ -177,8 +257,10 @@ def summarize(
     labels = labels or {}
     base = _baseline_index(table, order)
     groups = [runs[runs["condition"] == condition] for condition in order]
-    columns = {c.key: _column_cells([_values(g, c) for g in groups], c, table.alpha, base)
-               for c in table.columns}
+    tested = {c.key: _tested_cells([_values(g, c) for g in groups], c, base)
+              for c in table.columns}
+    tested = _corrected(tested, table)
+    columns = {c.key: _bold_cells(tested[c.key], c, base) for c in table.columns}
     return [RowSummary(condition, str(labels.get(condition, condition)), len(group),
                        {key: cells[i] for key, cells in columns.items()}, i == base)
             for i, (condition, group) in enumerate(zip(order, groups, strict=True))]
@@ -201,16 +283,36 @@ def _values(group: pd.DataFrame, column: Column) -> tuple[float, ...]:
     return tuple(float(v) * column.scale for v in values)
 
 
-def _column_cells(values: list[tuple[float, ...]], column: Column, alpha: float,
-                  base: int | None) -> list[Cell]:
-    """One column's cells: tested against the baseline row, the bold rule of the module docstring."""
+def _tested_cells(values: list[tuple[float, ...]], column: Column, base: int | None) -> list[Cell]:
+    """One column's cells, each other row tested against the baseline row (p and difference)."""
     cells = [Cell(v) for v in values]
     if base is None or column.better is None:
         return cells
     for i, cell in enumerate(cells):
         if i != base:
-            p = welch_p(cell.values, cells[base].values)
-            cells[i] = replace(cell, p=p, significant=p is not None and p < alpha)
+            cells[i] = replace(cell, p=welch_p(cell.values, cells[base].values),
+                               difference=welch_difference(cell.values, cells[base].values))
+    return cells
+
+
+def _corrected(columns: dict[str, list[Cell]], table: Table) -> dict[str, list[Cell]]:
+    """Every tested cell of the table with its adjusted p (Holm over all of them, or as is) and
+    whether that is below alpha."""
+    where = [(key, i) for key, cells in columns.items() for i, c in enumerate(cells)
+             if c.p is not None]
+    raw = [columns[key][i].p for key, i in where]
+    adjusted = holm(raw) if table.correction == "holm" else raw
+    out = {key: list(cells) for key, cells in columns.items()}
+    for (key, i), p in zip(where, adjusted, strict=True):
+        out[key][i] = replace(out[key][i], p_adjusted=p, significant=p < table.alpha)
+    return out
+
+
+def _bold_cells(cells: list[Cell], column: Column, base: int | None) -> list[Cell]:
+    """One column's bold marks (the rule of the module docstring) from its tested cells."""
+    cells = list(cells)
+    if base is None or column.better is None:
+        return cells
     sign = 1.0 if column.better == "max" else -1.0
     filled = [i for i, c in enumerate(cells) if c.n >= 2]  # a single run cannot be tested
     top = max((sign * cells[i].mean for i in filled), default=math.nan)
@@ -255,8 +357,8 @@ def _test_sentences(rows: Sequence[RowSummary], table: Table, base: RowSummary,
     untested = any(c.n and c.p is None for c in others)
     if not tested:
         return [f"Not tested against {base.label} (fewer than 2 runs), so nothing is bold"]
-    out = [f"{DAGGER} differs from {base.label} by Welch's t-test over the runs (two-sided, "
-           f"p < {table.alpha:g}; {tested} tests, not corrected for multiple comparisons)",
+    out = [f"{DAGGER} differs from {base.label} by Welch's t-test over the runs (two-sided; "
+           + _correction_text(table, tested) + ")",
            f"Bold: a column's best mean if significantly better than {base.label} "
            f"({base.label} itself: if every other row is significantly worse)"]
     if untested:
@@ -265,6 +367,13 @@ def _test_sentences(rows: Sequence[RowSummary], table: Table, base: RowSummary,
     if fixed:
         out.append(f"Not compared: {', '.join(fixed)}")
     return out
+
+
+def _correction_text(table: Table, tested: int) -> str:
+    """What decides the dagger: Holm over the table's tests, or each test on its own."""
+    if table.correction == "holm":
+        return (f"Holm-Bonferroni over the table's {tested} tests, adjusted p < {table.alpha:g}")
+    return f"p < {table.alpha:g}; {tested} tests, not corrected for multiple comparisons"
 
 
 def _unit_sentences(table: Table) -> list[str]:
@@ -293,31 +402,112 @@ def _cell_text(cell: Cell, row_n: int, column: Column, latex: bool) -> str:
 def to_markdown(rows: Sequence[RowSummary], table: Table) -> str:
     """The table in GitHub Markdown: a caption line, the table, the legend."""
     n = len({r.n for r in rows}) > 1  # else the legend states n
-    head = [table.row_header] + (["n"] if n else []) + [c.title for c in table.columns]
-    lines = [head, [":---"] + ["---:"] * (len(head) - 1)]
-    for row in rows:
-        lines.append([row.label] + ([str(row.n)] if n else [])
-                     + [_cell_text(row.cells[c.key], row.n, c, latex=False) for c in table.columns])
-    body = "\n".join("| " + " | ".join(x.replace("|", r"\|") for x in line) + " |" for line in lines)
-    caption = " ".join(p for p in (f"**{table.title}.**" if table.title else "", table.caption) if p)
-    return "\n\n".join(p for p in (caption, body, legend(rows, table)) if p) + "\n"
+    body = [[row.label] + ([str(row.n)] if n else [])
+            + [_cell_text(row.cells[c.key], row.n, c, latex=False) for c in table.columns]
+            for row in rows]
+    return _markdown(table, [table.row_header] + (["n"] if n else []), table.columns, body,
+                     table.title, legend(rows, table))
 
 
 def to_latex(rows: Sequence[RowSummary], table: Table) -> str:
     """The table as a LaTeX ``table`` float (booktabs), the legend in its caption."""
     n = int(len({r.n for r in rows}) > 1)  # an n column only if rows differ; else the legend says n
-    caption = (f"{table.title}." if table.title else "", table.caption, legend(rows, table))
-    lines = [f"% {table.name}: needs \\usepackage{{booktabs}}", "\\begin{table}[t]", "\\centering",
+    body = [[latex_escape(row.label)] + [str(row.n)] * n
+            + [_cell_text(row.cells[c.key], row.n, c, latex=True) for c in table.columns]
+            for row in rows]
+    return _latex(table, table.name, [table.row_header] + ["n"] * n, table.columns, body,
+                  table.title, legend(rows, table))
+
+
+def _markdown(table: Table, lead: list[str], columns: Sequence[Column], body: list[list[str]],
+              title: str, notes: str) -> str:
+    head = lead + [c.title for c in columns]
+    lines = [head, [":---"] + ["---:"] * (len(head) - 1), *body]
+    text = "\n".join("| " + " | ".join(x.replace("|", r"\|") for x in line) + " |" for line in lines)
+    caption = " ".join(p for p in (f"**{title}.**" if title else "", table.caption) if p)
+    return "\n\n".join(p for p in (caption, text, notes) if p) + "\n"
+
+
+def _latex(table: Table, label: str, lead: list[str], columns: Sequence[Column],
+           body: list[list[str]], title: str, notes: str) -> str:
+    caption = (f"{title}." if title else "", table.caption, notes)
+    lines = [f"% {label}: needs \\usepackage{{booktabs}}", "\\begin{table}[t]", "\\centering",
              "\\caption{" + " ".join(latex_escape(p) for p in caption if p) + "}",
-             f"\\label{{tab:{table.name}}}",
-             "\\begin{tabular}{l" + "r" * (n + len(table.columns)) + "}", "\\toprule",
-             *_latex_groups(table.columns, lead=1 + n),
-             " & ".join(latex_escape(h) for h in [table.row_header] + ["n"] * n
-                        + [c.header for c in table.columns]) + " \\\\", "\\midrule"]
-    for row in rows:
-        cells = [_cell_text(row.cells[c.key], row.n, c, latex=True) for c in table.columns]
-        lines.append(" & ".join([latex_escape(row.label)] + [str(row.n)] * n + cells) + " \\\\")
+             f"\\label{{tab:{label}}}",
+             "\\begin{tabular}{l" + "r" * (len(lead) - 1 + len(columns)) + "}", "\\toprule",
+             *_latex_groups(columns, lead=len(lead)),
+             " & ".join(latex_escape(h) for h in lead + [c.header for c in columns]) + " \\\\",
+             "\\midrule", *(" & ".join(line) + " \\\\" for line in body)]
     return "\n".join(lines + ["\\bottomrule", "\\end{tabular}", "\\end{table}"]) + "\n"
+
+
+# -- differences to the baseline ------------------------------------------------------------------
+
+
+def has_differences(rows: Sequence[RowSummary], table: Table) -> bool:
+    """Whether any cell of ``rows`` has a difference to the baseline (a second table to write)."""
+    return any(c.difference is not None for r in rows for c in r.cells.values())
+
+
+def differences_markdown(rows: Sequence[RowSummary], table: Table) -> str:
+    """Each non-baseline row's difference to the baseline per compared column, with its 95 %
+    confidence interval (``+1.2 [-0.3, +2.7]``), in Markdown; † as in the main table."""
+    columns, body, notes = _differences(rows, table)
+    lines = [[r.label] + [_difference_text(r.cells[c.key], c, latex=False) for c in columns]
+             for r in body]
+    return _markdown(table, [table.row_header], columns, lines, _difference_title(table, rows),
+                     notes)
+
+
+def differences_latex(rows: Sequence[RowSummary], table: Table) -> str:
+    """:func:`differences_markdown` as a LaTeX ``table`` float (label ``tab:<name>_vs_baseline``)."""
+    columns, body, notes = _differences(rows, table)
+    lines = [[latex_escape(r.label)] + [_difference_text(r.cells[c.key], c, latex=True)
+                                        for c in columns] for r in body]
+    return _latex(table, f"{table.name}_vs_baseline", [table.row_header], columns, lines,
+                  _difference_title(table, rows), notes)
+
+
+def _difference_title(table: Table, rows: Sequence[RowSummary]) -> str:
+    base = next((r.label for r in rows if r.baseline), "the baseline")
+    return f"{table.title}: difference to {base}" if table.title else f"Difference to {base}"
+
+
+def _differences(rows: Sequence[RowSummary], table: Table
+                 ) -> tuple[list[Column], list[RowSummary], str]:
+    columns = [c for c in table.columns if c.better is not None]
+    body = [r for r in rows if not r.baseline]
+    base = next((r for r in rows if r.baseline), None)
+    label = base.label if base is not None else "the baseline"
+    levels = {c.difference.level for r in body for c in r.cells.values() if c.difference}
+    level = f"{100 * levels.pop():g} %" if len(levels) == 1 else "the stated"
+    tested = sum(r.cells[c.key].p is not None for r in body for c in columns)
+    notes = [f"Row mean minus the mean of {label}, with the {level} Welch-Satterthwaite "
+             "confidence interval of the difference of means (unpooled standard error, Welch "
+             "degrees of freedom); each interval is for its own comparison, not adjusted for the "
+             "table's others",
+             f"{DAGGER} as in the main table (Welch's t-test; "
+             + _correction_text(table, tested) + ")"]
+    if any(r.cells[c.key].difference is None for r in body for c in columns):
+        notes.append(f"{MISSING}: fewer than 2 runs on a side")
+    notes += _unit_sentences(replace(table, columns=tuple(columns))) if columns else []
+    return columns, body, ". ".join(notes) + "."
+
+
+def _difference_text(cell: Cell, column: Column, latex: bool) -> str:
+    diff = cell.difference
+    if diff is None:
+        return "--" if latex else MISSING
+    d = column.digits
+    minus = "$-$" if latex else "−"
+
+    def signed(x: float) -> str:
+        return (minus if x < 0 else "+") + f"{abs(x):.{d}f}"
+
+    text = f"{signed(diff.estimate)} [{signed(diff.low)}, {signed(diff.high)}]"
+    if cell.significant:
+        text += r"$^\dagger$" if latex else DAGGER
+    return text
 
 
 def _latex_groups(columns: Sequence[Column], lead: int) -> list[str]:

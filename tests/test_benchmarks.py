@@ -75,3 +75,83 @@ def test_negative_generators_tiny(capsys, tmp_path):
     for row in body:
         tn, fn, unjudged, same = (float(x) for x in row.strip(" |").split(" | ")[1:5])
         assert abs(tn + fn + unjudged - 1.0) <= 1.5e-3 and 0.0 <= same <= 1.0  # 3 decimals each
+
+
+def test_gpu_trial_without_cuda_says_so_and_exits_0(capsys, monkeypatch):
+    gpu_trial = load("gpu_trial")
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    assert gpu_trial.main([]) == 0
+    assert "no CUDA device" in capsys.readouterr().out
+
+
+def test_gpu_trial_measures_steps_with_a_given_clock():
+    """Each step costs 3 ticks of waiting and 7 of work on a fake clock: the shares are exact."""
+    gpu_trial = load("gpu_trial")
+    ticks = iter(range(0, 10**6))
+    now = [0.0]
+
+    def clock() -> float:
+        return now[0]
+
+    class Batches:
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            now[0] += 3.0  # waiting for the loader
+            return [next(ticks)] * 4  # a batch of 4 samples
+
+    def step(batch):
+        now[0] += 7.0
+
+    synced = []
+    stats = gpu_trial.measure_steps(Batches(), step, 5, warmup=2, sync=lambda: synced.append(1),
+                                    clock=clock)
+    assert (stats.steps, stats.samples, len(synced)) == (5, 20, 7)  # warm-up steps sync too
+    assert stats.seconds == 50.0 and stats.wait_seconds == 15.0
+    assert stats.wait_share == 0.3 and stats.samples_per_second == 0.4
+    with pytest.raises(ValueError, match="ran out after 3 of 4"):
+        gpu_trial.measure_steps(iter([[1], [2], [3]]), step, 4, clock=clock)
+
+
+def test_gpu_trial_batch_metrics_against_a_hand_example():
+    """Three pairs, images 7, 7, 9: the batch's distinct images are 7 and 9 (rows 0 and 2)."""
+    import torch
+
+    gpu_trial = load("gpu_trial")
+    img = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
+    cap = torch.tensor([[0.9, 0.1], [0.2, 0.8], [0.1, 0.9]])  # caption 1 looks like image 9
+    out = gpu_trial.batch_metrics(img, cap, torch.tensor([7, 7, 9]))
+    # i2t: image 7 ranks caption 0 first (its own), image 9 caption 2 (its own): R@1 = 100
+    # t2i: captions 0 and 2 find their image first, caption 1 finds image 9: R@1 = 2/3
+    assert out["i2t_R_at_1"] == 100.0 and out["t2i_R_at_1"] == pytest.approx(200 / 3)
+    assert out["rsum"] == pytest.approx(100 + 100 + 100 + 200 / 3 + 100 + 100)
+
+
+def test_gpu_trial_agreement_rule():
+    gpu_trial = load("gpu_trial")
+    ref = {"loss": 2.0, "i2t_R_at_1": 50.0, "rsum": 300.0, "emb_max_abs": 0.0}
+    close = {"loss": 2.001, "i2t_R_at_1": 51.0, "rsum": 306.0, "emb_max_abs": 5e-4}
+    far = {"loss": 2.01, "i2t_R_at_1": 52.0, "rsum": 307.0, "emb_max_abs": 2e-3}
+    ok = {n: within for n, _, _, within in gpu_trial.agreement(ref, close, tolerance=1e-3,
+                                                                 recall_step=1.0)}
+    bad = {n: within for n, _, _, within in gpu_trial.agreement(ref, far, tolerance=1e-3,
+                                                                  recall_step=1.0)}
+    assert all(ok.values()) and not any(bad.values())
+
+
+@pytest.mark.parametrize("arch", ["ltd_bound"])
+def test_gpu_trial_runs_an_architecture_on_cpu(arch, capsys, workspace):
+    """The GPU path end to end on CPU (2 steps, tiny preset): its row is printed and the CPU
+    copy of the weights agrees with them exactly."""
+    import argparse
+
+    gpu_trial = load("gpu_trial")
+    args = argparse.Namespace(steps=2, warmup=1, batch_size=16, preset="tiny", tolerance=1e-6,
+                              set=["model.embed_dim=16", "decoder.hidden_dim=16",
+                                   "image.transformer_layers=1", "text.bert_layers=1"])
+    import torch
+
+    assert gpu_trial.run_arch(arch, args, workspace, torch.device("cpu"))
+    row = capsys.readouterr().out.strip().splitlines()[-1]
+    assert row.startswith(f"| {arch} |") and "emb_max_abs=0/0 " in row and "DIFFERS" not in row

@@ -28,7 +28,9 @@ def _empty_hub_cache(tmp_path, monkeypatch):
 
 
 REGION_DIM = 12  # a region vector of the tests' precomputed features
-SMALL = ImageConfig(hidden_dim=16, output_dim=16, gcn_layers=1)  # small sizes for every encoder
+# small sizes for every encoder
+SMALL = ImageConfig(hidden_dim=16, output_dim=16, gcn_layers=1, transformer_dim=16,
+                    transformer_layers=1)
 
 
 def _reads_regions(name: str) -> bool:

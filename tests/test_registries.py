@@ -28,7 +28,9 @@ REGISTRIES = sorted({spec.registry for spec in key_specs().values() if spec.regi
 VOCAB, REGION_DIM, BATCH = 30, 12, 4
 SMALL = {"model.embed_dim": 16, "text.hidden_dim": 16, "text.word_dim": 8, "image.hidden_dim": 16,
          "image.output_dim": 16, "image.gcn_layers": 1, "text.glove": "none",
-         "decoder.hidden_dim": 16, "decoder.word_dim": 8}
+         "decoder.hidden_dim": 16, "decoder.word_dim": 8, "image.transformer_dim": 16,
+         "image.transformer_layers": 1, "model.shared_dim": 16, "model.shared_layers": 1,
+         "model.transformer_heads": 2, "model.transformer_ff_dim": 32}
 
 
 def _inputs(config) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -73,20 +75,26 @@ def test_every_vocabulary_caption_encoder_and_pooling(name, pooling):
     assert ("text.pooling" in used_keys(config)) == (name != "gru")  # gru has no token set
 
 
-def test_the_wordpiece_encoder_reads_wordpieces_and_trains():
+@pytest.mark.parametrize("name", [n for n in TEXT_ENCODERS.names()
+                                  if TEXT_ENCODERS.meta(n).get("input") == "wordpiece"])
+def test_every_wordpiece_encoder_reads_wordpieces_and_trains(name):
     from icr.data.captions import WordpieceInput
     from icr.models.tokens import load_bert_tokenizer
 
-    config = from_flat({**SMALL, "text.encoder": "bert", "data.features": "regions",
+    config = from_flat({**SMALL, "text.encoder": name, "data.features": "regions",
                         "image.encoder": "regions"})
     assert caption_input_kind(config) == "wordpiece"
     ids = WordpieceInput(load_bert_tokenizer(), 12, 0.0, 0.0)
     tokens = [ids.ids(c) for c in ("a red circle", "two blue squares on the left", "a star", "x")]
     padded = torch.nn.utils.rnn.pad_sequence(tokens, batch_first=True)
     lengths = torch.tensor([len(t) for t in tokens])
-    model = build_dual_encoder(config, VOCAB, None, REGION_DIM)
+    model = build_dual_encoder(config, VOCAB, None, REGION_DIM).train()
     cap = model.encode_captions(padded, lengths)
     assert cap.shape == (4, 16) and torch.isfinite(cap).all()
+    cap.square().sum().backward()
+    # a BERT's pooler is loaded with it but never read: the encoders read its token states
+    grads = [p.grad for n, p in model.caption_encoder.named_parameters() if ".pooler." not in n]
+    assert grads and all(g is not None and torch.isfinite(g).all() for g in grads)
 
 
 @pytest.mark.parametrize("name", DECODERS.names())

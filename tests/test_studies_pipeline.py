@@ -142,6 +142,10 @@ def test_fake_study_end_to_end(cluster, tmp_path: Path) -> None:
     assert "BL + LTD, L_lag (eta=" in table and "±" in table and "Welch" in table
     assert "1 of 3 confirmation runs did not finish (seed 1001): TrainingError: non-finite loss" in table
     assert "\\begin{tabular}" in (report / "table1.tex").read_text()
+    assert "Holm-Bonferroni" in table  # the dagger's correction is named under the table
+    differences = (report / "table1_vs_baseline.md").read_text()
+    assert "Welch-Satterthwaite" in differences and "| BL + LTD, L_lag (eta=" in differences
+    assert "tab:table1_vs_baseline" in (report / "table1_vs_baseline.tex").read_text()
     trials = pd.read_csv(report / "trials.csv")
     assert len(trials) == len(runs) and "objective.eta" in trials and "val_rsum" in trials
     assert trials["error"].fillna("").str.contains("non-finite loss").sum() == 2

@@ -1,10 +1,12 @@
-"""Study tables: hand-computed mean/std and Welch p-values, the dagger and bold rules, rendering."""
+"""Study tables: hand-computed mean/std, Welch p-values, Holm's correction and the difference's
+confidence interval against oracles, the dagger and bold rules, rendering."""
 
 from __future__ import annotations
 
 import math
 import subprocess
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -15,12 +17,17 @@ from icr.errors import ConfigError
 from studies.tables import (
     Column,
     Table,
+    differences_latex,
+    differences_markdown,
+    has_differences,
+    holm,
     latex_escape,
     legend,
     record_table,
     summarize,
     to_latex,
     to_markdown,
+    welch_difference,
     welch_p,
 )
 
@@ -294,7 +301,110 @@ def test_alpha_decides_significance():
     loose = table(alpha=0.2)
     rows = summarize(runs, loose)
     assert cells(rows)["mid"].significant and cells(rows)["mid"].bold
-    assert "p < 0.2;" in to_markdown(rows, loose)
+    assert "adjusted p < 0.2)" in to_markdown(rows, loose)
+
+
+# ------------------------------------------------------------------------------ Holm
+
+
+@pytest.mark.parametrize("p, adjusted", [
+    # sorted 0.005, 0.01, 0.03, 0.04 -> x4, x3, x2, x1 = 0.02, 0.03, 0.06, 0.04 -> running max
+    ([0.01, 0.04, 0.03, 0.005], [0.03, 0.06, 0.06, 0.02]),
+    ([0.5, 0.6], [1.0, 1.0]),  # 2 x 0.5 = 1; capped at 1
+    ([0.02, math.nan, 0.04], [0.06, math.nan, 0.08]),  # NaN counts in m = 3, stays NaN
+    ([0.001], [0.001]),  # one test: nothing to correct
+    ([], []),
+])
+def test_holm_by_hand(p, adjusted):
+    assert holm(p) == pytest.approx(adjusted, nan_ok=True)
+
+
+def test_holm_rejects_as_the_step_down_procedure():
+    """Holm (1979): reject H_(1..k-1) for the first k with p_(k) > alpha / (m - k + 1)."""
+    g = np.random.default_rng(0)
+    for _ in range(200):
+        p = list(g.uniform(0, 0.1, size=g.integers(1, 8)))
+        order = sorted(range(len(p)), key=p.__getitem__)
+        rejected = set()
+        for rank, i in enumerate(order):
+            if p[i] > 0.05 / (len(p) - rank):
+                break
+            rejected.add(i)
+        assert {i for i, a in enumerate(holm(p)) if a < 0.05} == rejected
+
+
+def test_holm_corrects_over_the_whole_table():
+    """Two columns, two rows: the four tests are corrected together, so a cell that would be
+    marked alone (p about 0.03) is not marked among four."""
+    two = Table("t", "T", (Column("a", "A"), Column("b", "B")), baseline="bl")
+    runs = pd.DataFrame([{"condition": c, "a": a, "b": b} for c, col_a, col_b in (
+        ("bl", BL, BL), ("x", [12.5, 13.5, 14.0], CLOSE), ("y", CLOSE, CLOSE))
+        for a, b in zip(col_a, col_b, strict=True)])
+    rows = summarize(runs, two)
+    x = rows[1].cells["a"]
+    p = [r.cells[k].p for r in rows[1:] for k in ("a", "b")]
+    assert 0.01 < x.p < 0.05 and x.p_adjusted == pytest.approx(holm(p)[0])
+    assert x.p_adjusted == pytest.approx(4 * x.p) and not x.significant
+    md = to_markdown(rows, two)
+    assert "Holm-Bonferroni over the table's 4 tests, adjusted p < 0.05" in md
+    assert "†" not in line_of(md, "x")
+    plain = replace(two, correction=None)
+    rows = summarize(runs, plain)
+    assert rows[1].cells["a"].significant and rows[1].cells["a"].p_adjusted == rows[1].cells["a"].p
+    assert "4 tests, not corrected for multiple comparisons" in to_markdown(rows, plain)
+
+
+# ------------------------------------------------------------------------------ differences
+
+
+@pytest.mark.parametrize("a, b", [([1.0, 2.0, 3.5], [2.0, 3.0, 7.0, 9.0]),
+                                  ([16.1, 17.9, 18.5], [15.0, 16.2, 16.9]),
+                                  ([0.30, 0.31], [0.20, 0.26, 0.21, 0.19, 0.25])])
+def test_difference_interval_matches_scipy_and_the_formula(a, b):
+    diff = welch_difference(a, b)
+    ci = stats.ttest_ind(a, b, equal_var=False).confidence_interval(0.95)
+    assert diff.estimate == pytest.approx(np.mean(a) - np.mean(b))
+    assert (diff.low, diff.high) == pytest.approx((ci.low, ci.high), rel=1e-9)
+    va, vb = np.var(a, ddof=1) / len(a), np.var(b, ddof=1) / len(b)
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    half = stats.t.ppf(0.975, df) * math.sqrt(va + vb)
+    assert diff.high - diff.estimate == pytest.approx(half, rel=1e-9)
+    # 0 lies outside the interval exactly when the two-sided p is below 0.05
+    assert (diff.low > 0 or diff.high < 0) == (welch_p(a, b) < 0.05)
+    wider = welch_difference(a, b, level=0.99)
+    assert wider.low < diff.low and wider.high > diff.high
+
+
+def test_difference_edge_cases():
+    assert welch_difference([1.0], [1.0, 2.0]) is None
+    point = welch_difference([2.0, 2.0], [1.0, 1.0])
+    assert (point.estimate, point.low, point.high) == (1.0, 1.0, 1.0)
+
+
+def test_differences_table():
+    rows = summarize(frame({"bl": BL, "close": CLOSE, "far": FAR, "one": [5.0]}), table())
+    assert has_differences(rows, table())
+    md = differences_markdown(rows, table())
+    assert "| bl |" not in md and md.startswith("**T: difference to bl.**")
+    assert line_of(md, "far") == "| far | +10.0 [+7.7, +12.3]† |"  # scipy: 7.733, 12.267
+    assert line_of(md, "close") == "| close | +0.5 [−1.8, +2.8] |"
+    assert line_of(md, "one") == "| one | – |"
+    assert "95 % Welch-Satterthwaite confidence interval" in md and "Holm-Bonferroni" in md
+    assert "–: fewer than 2 runs on a side" in md
+    tex = differences_latex(rows, table())
+    assert "\\label{tab:t_vs_baseline}" in tex
+    assert line_of_tex(tex, "far").endswith("+10.0 [+7.7, +12.3]$^\\dagger$ \\\\")
+    assert "$-$1.8" in line_of_tex(tex, "close")
+    assert not has_differences(summarize(frame({"bl": BL, "x": FAR}), table(None)), table(None))
+
+
+def test_table_rows_must_hold_the_baseline():
+    with pytest.raises(ConfigError, match="baseline 'bl' is not among its rows"):
+        table(rows=("x", "y"))
+    with pytest.raises(ConfigError, match="each condition once"):
+        table(rows=("bl", "bl"))
+    with pytest.raises(ConfigError, match="correction"):
+        table(correction="bonferroni")
 
 
 def test_imports_neither_ray_nor_mlflow():

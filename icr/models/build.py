@@ -8,6 +8,9 @@ This module only connects them.
 
 from __future__ import annotations
 
+import inspect
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -30,18 +33,25 @@ def build_dual_encoder(
 
     ``region_dim`` is the size of a region vector when the images are precomputed regions.
     ``model.head_batchnorm`` puts BatchNorm after the projection heads (the PCME / LTD reference
-    does so with the triplet loss; VSRN always).
+    does so with the triplet loss; VSRN always). An image and a caption encoder registered with
+    the same ``tie`` function (TERN's ``tie_shared_layers``) are tied by it after both are built.
     """
     check_inputs(config)
     reads_regions = region_dim is not None
     if reads_regions != (config.data.features == "regions"):  # pragma: no cover - a pipeline bug
         raise ValueError("region_dim must be given exactly when data.features=regions")
+    image_name, text_name = config.image.encoder, config.text.encoder
     image_encoder = IMAGE_ENCODERS.build(
-        config.image.encoder, config.image, **({"in_dim": region_dim} if reads_regions else {})
+        image_name, config.image, **({"in_dim": region_dim} if reads_regions else {}),
+        **declared_keys(IMAGE_ENCODERS, image_name, config),
     )
     caption_encoder = TEXT_ENCODERS.build(
-        config.text.encoder, config.text, vocab_size=vocab_size, word_vectors=word_vectors
+        text_name, config.text, vocab_size=vocab_size, word_vectors=word_vectors,
+        **declared_keys(TEXT_ENCODERS, text_name, config),
     )
+    tie = IMAGE_ENCODERS.meta(image_name).get("tie")
+    if tie is not None and tie is TEXT_ENCODERS.meta(text_name).get("tie"):
+        tie(image_encoder, caption_encoder)  # e.g. TERN: one set of shared layers for both
     hidden = config.model.head_hidden or None
 
     def head(in_dim: int) -> ProjectionHead:
@@ -52,6 +62,19 @@ def build_dual_encoder(
         image_encoder, caption_encoder, head(image_encoder.output_dim),
         head(caption_encoder.output_dim),
     )
+
+
+def declared_keys(registry: Any, name: str, config: ExperimentConfig) -> dict[str, Any]:
+    """The keys of *other* config sections that component ``name`` is registered to read
+    (``reads=("model.shared_dim", ...)``) and its builder takes, as keyword arguments named after
+    their field: TERN's encoders read the ``model.*`` sizes of the layers both towers share."""
+    params = inspect.signature(registry.get(name)).parameters
+    out = {}
+    for key in registry.reads(name):
+        section, _, field = key.partition(".")
+        if section != registry.section and field in params:
+            out[field] = getattr(getattr(config, section), field)
+    return out
 
 
 def check_inputs(config: ExperimentConfig) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -248,6 +249,23 @@ def bert_inputs(captions: Sequence[str], tokenizer: Any, max_len: int) -> dict[s
     return {"input_ids": enc["input_ids"], "attention_mask": mask, "lengths": mask.sum(dim=1)}
 
 
+@contextmanager
+def _quiet_transformers(quiet: bool) -> Iterator[None]:
+    """transformers' logging at error level within the block (when ``quiet``): loading the first
+    N layers of a model lists every weight of the others as unused, which is intended here."""
+    if not quiet:
+        yield
+        return
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+
+
 class BertTokenEncoder(nn.Module):
     """A BERT-architecture encoder from a local folder; its last hidden states, projected to D.
 
@@ -265,6 +283,8 @@ class BertTokenEncoder(nn.Module):
         path: a transformers (or sentence-transformers) folder; ``None`` / ``""`` = the bundled
             MiniLM. Loaded with ``local_files_only=True``: nothing is downloaded.
         output_dim: token size D (1024 in the paper, over BERT-base's 768).
+        num_layers: keep only the first N transformer layers (0: all). TERN reads the 6th hidden
+            layer of BERT-base (``extraction-hidden-layer: 6``), i.e. its first 6 layers.
 
     Shapes:
         tokens (B, T) int64 wordpiece ids, lengths (B,) with 1 <= length <= T
@@ -278,13 +298,29 @@ class BertTokenEncoder(nn.Module):
         ConfigError: no model at ``path`` (the message names the path and the fix).
     """
 
-    def __init__(self, path: str | Path | None = None, output_dim: int = 1024) -> None:
+    def __init__(
+        self, path: str | Path | None = None, output_dim: int = 1024, num_layers: int = 0
+    ) -> None:
         super().__init__()
-        from transformers import AutoModel
+        from transformers import AutoConfig, AutoModel
 
         folder = resolve_transformer_dir(path)
         try:
-            self.transformer = AutoModel.from_pretrained(str(folder), local_files_only=True)
+            config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(
+                f"cannot load text.bert_path={str(folder)!r} ({exc}); {_BERT_FIX}"
+            ) from exc
+        available = getattr(config, "num_hidden_layers", None)
+        if num_layers and available is not None:
+            if num_layers > available:
+                raise ConfigError(f"text.bert_layers={num_layers} but the model at {str(folder)!r} "
+                                  f"has {available} layers; use at most {available} (0 = all)")
+            config.num_hidden_layers = num_layers  # the first N layers' weights are loaded
+        try:
+            with _quiet_transformers(bool(num_layers)):  # the dropped layers are reported unused
+                self.transformer = AutoModel.from_pretrained(str(folder), config=config,
+                                                             local_files_only=True)
         except (OSError, ValueError) as exc:
             raise ConfigError(
                 f"cannot load text.bert_path={str(folder)!r} ({exc}); {_BERT_FIX}"

@@ -29,6 +29,7 @@ from icr.context import TaskContext
 from icr.errors import ConfigError
 from icr.seeding import rng_state, seed_everything, set_rng_state
 from icr.train.checkpoint import ARTIFACTS, load_checkpoint, save_checkpoint
+from icr.train.device import configure_backends
 from icr.train.seam import EpochReport, FitResult, Reporter
 from icr.train.tasks import Task, build_task
 from icr.workspace import Workspace
@@ -79,6 +80,7 @@ def fit(
         progress: show tqdm progress bars.
     """
     device = resolve_device(config.train.device)
+    configure_backends(device, config.train.deterministic)
     seed_everything(config.train.seed)
     task = build_task(config, _workspace(workspace), device)
     analyses = build_analyses(config, task)  # a bad analysis fails before any training

@@ -8,7 +8,7 @@ The recipe (LTD paper Section 4.3, REFERENCE_NOTES section 1; :mod:`icr.train.re
 - per-epoch SWA: the weights at ``swa_snapshots`` evenly spaced steps over the last
   ``swa_fraction`` of the epoch are averaged (``torch.optim.swa_utils.AveragedModel``) and swapped
   in at the end of the epoch, then the BatchNorm statistics are recomputed (``update_bn``);
-- AMP on CUDA only; caption augmentation and random erasing.
+- AMP on CUDA only (:mod:`icr.train.device`); caption augmentation and random erasing.
 
 Determinism: every source of randomness of an epoch is seeded from ``(train.seed, epoch)``; the
 state holds the model, the optimiser, the schedule and the objective (the multiplier), so a resumed
@@ -24,7 +24,6 @@ import functools
 import logging
 import math
 from collections.abc import Iterable, Iterator
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +51,7 @@ from icr.losses.contrastive import split_output
 from icr.models.build import build_decoder, build_dual_encoder
 from icr.objectives import Objective, build_objective
 from icr.seeding import derive_seed, seed_everything
+from icr.train.device import Precision, loader_options
 from icr.train.evaluation import embed_split, evaluate_split
 from icr.train.recipe import build_optimizer, schedule_factor, swa_snapshot_steps
 from icr.train.tasks import TASKS, Prepared
@@ -118,8 +118,8 @@ class RetrievalTask:
             gamma=o.step_gamma,
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
-        self.amp = config.train.amp and device.type == "cuda"
-        self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp)
+        self.precision = Precision.of(config.train.amp, device)
+        self.scaler = self.precision.scaler()
         self.global_step = 0
         self._rows: list[dict[str, float]] = []
         self.cocos = live_cocos(config) if config.train.live_cocos else None
@@ -171,7 +171,7 @@ class RetrievalTask:
                                       epoch_unit=t.epoch_unit)
         sampler.set_epoch(epoch)
         return DataLoader(self.dataset, batch_sampler=sampler, collate_fn=collate_pairs,
-                          num_workers=self.config.data.num_workers)
+                          **loader_options(self.config.data.num_workers, self.device))
 
     def train_epoch(self, epoch: int, progress: bool = False) -> dict[str, float]:
         """One epoch of training, SWA swapped in at its end; returns the mean loss terms."""
@@ -202,13 +202,13 @@ class RetrievalTask:
 
     def train_step(self, batch: dict[str, torch.Tensor], epoch: int, step: int) -> dict[str, torch.Tensor]:
         dev = self.device
-        images = batch["images"].to(dev, non_blocking=True)
-        tokens, lengths = batch["tokens"].to(dev), batch["lengths"]
-        autocast = torch.autocast("cuda", dtype=torch.float16) if self.amp else nullcontext()
-        with autocast:
+        images = batch["images"].to(dev, non_blocking=True)  # pinned on CUDA: an async copy
+        tokens, lengths = batch["tokens"].to(dev, non_blocking=True), batch["lengths"]
+        image_index = batch["image_index"].to(dev, non_blocking=True)
+        with self.precision.autocast():
             img, cap = self.encoder(images, tokens, lengths)  # (B, D), (B, D)
             sims = img @ cap.t()  # (B, B), positives on the diagonal
-            l_con, loss_logs = split_output(self.loss_fn(sims.float(), batch["image_index"].to(dev)))
+            l_con, loss_logs = split_output(self.loss_fn(sims.float(), image_index))
             l_rec = self.net["decoder"].loss(cap, batch) if "decoder" in self.net else None
             out = self.objective(l_con, l_rec)
         logs = {**out.logs, **loss_logs}
@@ -232,7 +232,7 @@ class RetrievalTask:
             row = {"step": self.global_step, "epoch": epoch + 1}
             row |= {k: float(v) for k, v in logs.items()}
             if self.cocos is not None:  # how many samples this batch's gradient came from
-                row |= self.cocos(sims.detach().float(), batch["image_index"].to(dev))
+                row |= self.cocos(sims.detach().float(), image_index)
             self._rows.append(row)
         return logs
 
