@@ -212,8 +212,9 @@ STUDY = Study(
     tables=(table_3("vsrn"), table_3("tern")),
     figures=(
         Figure("lambda_per_eta_tern", "TERN: lambda during training, per eta (search trials)",
-               series_by_value("lambda", "objective.eta", "tern_lagrangian", floor=1e-3,
-                               ylabel="lambda (log scale, 0 shown at 1e-3)"), log_y=True),
+               series_by_value("lambda", "objective.eta", "tern_lagrangian", log=True,
+                               ylabel="lambda (log scale; a line ends where lambda reached 0)"),
+               log_y=True),
         Figure("best_val_rsum_vs_eta_vsrn", "VSRN: best validation rsum against eta",
                metric_vs_value("val_rsum", "objective.eta", "vsrn_lagrangian")),
         Figure("best_val_rsum_vs_eta_tern", "TERN: best validation rsum against eta",
