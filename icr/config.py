@@ -88,6 +88,8 @@ class DataConfig:
     image_root: str = _field("", "image folder of the Karpathy JSON (dataset=karpathy)", path=())
     precomp_dir: str = _field("", "SCAN/BUTD folder with {split}_ims.npy ('' = the benchmark's own)",
                               path=())
+    entities_dir: str = _field("", "Flickr30K Entities folder (Sentences/, Annotations/, "
+                               "{split}.txt) for grounding on karpathy or precomp data", path=())
     cxc_val: str = _field("", "CxC sits CSV for validation ('' = the benchmark's own, if any)",
                           path=())
     cxc_test: str = _field("", "CxC sits CSV for test ('' = the benchmark's own, if any)", path=())

@@ -43,6 +43,52 @@ class Condition:
     overrides: Mapping[str, Scalar] = field(default_factory=dict)
 
 
+RECIPES = ("embedded", "paper", "smoke")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How a study's trials are trained: the base config, the space, the trials and seeds.
+
+    Every study has three: ``embedded`` (the default: scaled to the embedded benchmark and 2 CPU
+    cores; the study's ``base``, ``space_file``, ``budget``, ``seeds``), ``smoke`` (the tiny
+    preset: ``base`` + ``smoke``) and ``paper`` (the paper's own recipe for its real datasets,
+    declared with :attr:`Study.paper`, every value cited where it is set).
+
+    Attributes:
+        name: one of :data:`RECIPES`.
+        source: where its values come from (e.g. "LTD paper Sec. 4.3; PCME code").
+        overrides: flat config overrides of the ExperimentConfig defaults (the study's base).
+        conditions: per condition, overrides applied after the condition's own (e.g. the
+            paper's epochs of one loss).
+        space_file: its search space (``None``: the study's).
+        budget: trials per condition (``None``: the study's); a grid space runs each point once.
+        startup_trials: quasi-random trials before TPE (``None``: the study's).
+        seeds: confirmation seeds per condition (``None``: the study's).
+        early_stopping: ASHA stops weak trials; ``False``: every trial trains its full budget
+            (the papers trained every grid point to the end).
+        datasets: the ``data.dataset`` values it trains on (empty: any).
+        requires: config keys that must name a local file for it (value: what the file is).
+        notes: what the paper leaves open, with the choice made.
+        analyses: the analyses its confirmation runs end with (``None``: the study's); real
+            data lacks what some need (e.g. the benchmark's ground-truth scenes).
+    """
+
+    name: str
+    source: str
+    overrides: Mapping[str, Scalar]
+    conditions: Mapping[str, Mapping[str, Scalar]] = field(default_factory=dict)
+    space_file: str | None = None
+    budget: int | None = None
+    startup_trials: int | None = None
+    seeds: int | None = None
+    early_stopping: bool = True
+    datasets: tuple[str, ...] = ()
+    requires: Mapping[str, str] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+    analyses: tuple[str, ...] | None = None
+
+
 @dataclass(frozen=True)
 class Study:
     """A hyperparameter study: searched per condition, confirmed over seeds, reported."""
@@ -69,6 +115,7 @@ class Study:
     smoke_budget: int = 2
     smoke_seeds: int = 2
     debug_condition: str = ""  # the condition --debug runs ('' = the last one)
+    paper: Recipe | None = None  # the paper's own recipe (--recipe paper)
 
     def __post_init__(self) -> None:
         names = [c.name for c in self.conditions]
@@ -85,10 +132,33 @@ class Study:
                 raise ValueError(f"study {self.name}: table {table.name} rows {unknown} are not "
                                  "conditions")
 
+        if self.paper is not None:
+            unknown = set(self.paper.conditions) - set(names)
+            if self.paper.name != "paper" or unknown:
+                raise ValueError(f"study {self.name}: its paper recipe must be named 'paper' and "
+                                 f"name only its conditions (not {sorted(unknown)})")
+
     @property
     def space_path(self) -> Path:
-        path = Path(self.space_file)
-        return path if path.is_absolute() else SEARCH_SPACES / path
+        return space_path(self.space_file)
+
+    def recipe(self, name: str) -> Recipe:
+        """The recipe called ``name`` (:data:`RECIPES`); ConfigError when the study has none."""
+        if name == "embedded":
+            return Recipe("embedded", "scaled to the embedded benchmark and 2 CPU cores",
+                          self.base, space_file=self.space_file, budget=self.budget,
+                          startup_trials=self.startup_trials, seeds=self.seeds)
+        if name == "smoke":
+            # the smoke overrides come after each condition's own, as they always have
+            return Recipe("smoke", "the tiny preset, a few short trials", self.base,
+                          conditions={c.name: self.smoke for c in self.conditions},
+                          space_file=self.space_file, budget=self.smoke_budget,
+                          startup_trials=min(self.startup_trials, self.smoke_budget),
+                          seeds=self.smoke_seeds)
+        if name == "paper" and self.paper is not None:
+            return self.paper
+        have = [r for r in RECIPES if r != "paper" or self.paper is not None]
+        raise ConfigError(f"study {self.name} has no recipe {name!r}; its recipes: {', '.join(have)}")
 
     def condition(self, name: str) -> Condition:
         for c in self.conditions:
@@ -96,6 +166,12 @@ class Study:
                 return c
         known = ", ".join(c.name for c in self.conditions)
         raise ConfigError(f"study {self.name} has no condition {name!r}; its conditions: {known}")
+
+
+def space_path(space_file: str) -> Path:
+    """A space file's path: in ``search_spaces/`` unless absolute."""
+    path = Path(space_file)
+    return path if path.is_absolute() else SEARCH_SPACES / path
 
 
 def all_studies() -> dict[str, Study]:

@@ -24,7 +24,7 @@ the paper's value is used again, decided from the vocabulary's size before any g
 
 from __future__ import annotations
 
-from studies.catalog import Condition, Study
+from studies.catalog import Condition, Recipe, Study
 from studies.figures import Figure, metric_per_epoch, series_per_condition
 from studies.tables import Column, Table
 
@@ -48,6 +48,45 @@ TABLE = Table(
     caption="best-validation checkpoint (pointing accuracy); R@k and pointing in %; negative "
             "captions: the share of the run's substituted training captions that are false of "
             "their image (true negatives) or still true (false negatives), the rest unjudged",
+)
+
+# The paper's recipe (--recipe paper) on Flickr30K Entities with BUTD regions. Grounding paper
+# (papers/contrastive-phrase-grounding.txt) Sections 2.4-2.5 and 3, and the info-ground code
+# (REFERENCE_NOTES section 4).
+PAPER = Recipe(
+    "paper", "grounding paper Sections 2.4, 2.5 and 3; info-ground code",
+    {
+        "task.name": "grounding", "data.dataset": "precomp",
+        "grounding.max_regions": 30,  # Section 2.5: "a maximum of 30 top scoring bounding boxes"
+        "grounding.max_words": 6,  # info-ground: at most 6 nouns and adjectives per caption
+        "grounding.key_dim": 384,  # keys and values of d = 384 (info-ground)
+        "grounding.mlm_candidates": 30,  # Section 2.4: the masked LM's top 30 substitutes,
+        "grounding.num_negatives": 25,  # re-ranked, 25 kept
+        "grounding.img_weight": 1.0,  # L_img + L_lang, both weights 1
+        "grounding.lang_weight": 1.0,
+        "optim.name": "adam",  # Section 3: "using the ADAM optimizer
+        "optim.lr": 1e-5,  # with a learning rate of 1e-5"
+        "optim.schedule": "step",  # a constant lr: no decay in 10 epochs
+        "optim.step_epochs": 10,
+        "optim.step_gamma": 1.0,
+        "optim.grad_clip": 0.0,
+        "optim.finetune_lr_factor": 1.0,
+        "train.batch_size": 50,  # Section 3: "batches of 50 image-caption pairs"
+        "train.warmup_epochs": 0,
+        "train.finetune_epochs": 10,  # info-ground: 10 epochs
+        "train.swa": False,
+        "eval.test": False,
+    },
+    space_file="paper/fixed.yaml", seeds=3, early_stopping=False, datasets=("precomp",),
+    requires={"data.precomp_dir": "BUTD regions and boxes of Flickr30K Entities' images",
+              "data.entities_dir": "the Flickr30K Entities folder (Sentences/, Annotations/)",
+              "grounding.word_model": "bert-base-uncased, frozen (the word features)",
+              "grounding.mlm_path": "bert-base-uncased with its masked-LM head"},
+    notes=("one run per setting in the paper; 3 seeds here for the table's tests",
+           "negative_quality, tagger_accuracy and grounding_examples read the embedded "
+           "benchmark's scenes and image files: none runs on real data",
+           "info-ground's region attention has no padding mask: masked here (REFERENCE_NOTES 4)"),
+    analyses=(),
 )
 
 STUDY = Study(
@@ -80,4 +119,5 @@ STUDY = Study(
     smoke_budget=1,
     smoke_seeds=2,
     debug_condition="lang_context",
+    paper=PAPER,
 )

@@ -7,8 +7,10 @@ ITD range 0.5 .. 6 (REFERENCE_NOTES section 1). The baseline row is shared with 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from studies.catalog import Condition, Study
-from studies.ltd_bound import BASE, CONTRASTIVE, SMOKE, TABLE_1, figure_3
+from studies.ltd_bound import BASE, CONTRASTIVE, PAPER, SMOKE, TABLE_1, figure_3
 
 STUDY = Study(
     name="ltd_itd",
@@ -32,4 +34,9 @@ STUDY = Study(
     figures=figure_3("itd_lagrangian"),
     smoke=SMOKE,
     debug_condition="itd_lagrangian",
+    # LTD paper Section 4.3 with the ITD eta grid; the ITD decoder's 300-d words and a GRU of
+    # 1024 units (REFERENCE_NOTES 1: GRU(300 -> 1024) initialised with the caption embedding).
+    paper=replace(PAPER, overrides={**PAPER.overrides, "decoder.word_dim": 300,
+                                    "decoder.hidden_dim": 1024},
+                  space_file="paper/ltd_itd.yaml"),
 )

@@ -12,9 +12,11 @@ cell of the report is an MLflow metric of a run.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from studies.catalog import Condition, Study
 from studies.figures import Figure, metric_per_epoch
-from studies.ltd_bound import BASE, CONTRASTIVE, DUAL, SMOKE
+from studies.ltd_bound import BASE, CONTRASTIVE, DUAL, PAPER, SMOKE
 from studies.tables import Column, Table
 
 FAMILIES = ("shape", "colour", "size", "texture", "position", "count", "background")
@@ -64,4 +66,14 @@ STUDY = Study(
     figures=(Figure("val_rsum_per_epoch", "validation rsum per epoch", metric_per_epoch()),),
     smoke={**SMOKE, "train.batch_size": 32},
     debug_condition="ltd_0.1",
+    # The probes need every image's attributes, which only the embedded benchmark records: the
+    # LTD paper's model and training (ltd_bound's paper recipe) on the benchmark's images.
+    paper=replace(
+        PAPER, overrides={**PAPER.overrides, "data.dataset": "shapes", "data.preset": "default",
+                          "data.image_size": 96, "decoder.word_dim": 300,
+                          "decoder.hidden_dim": 1024},
+        space_file="ltd_probe.yaml", datasets=("shapes",),
+        requires={k: v for k, v in PAPER.requires.items() if k != "data.karpathy_json"},
+        notes=("the probes need each image's attributes, which only the embedded benchmark "
+               "records: the LTD recipe is trained on its 96 x 96 images (data.image_size 96)",)),
 )

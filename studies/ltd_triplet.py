@@ -7,8 +7,10 @@ BatchNorm after the projection heads as the PCME / LTD reference does with the t
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from studies.catalog import Study
-from studies.ltd_bound import BASE, CONTRASTIVE, DUAL, LAGRANGIAN, SMOKE, TABLE_1, figure_3
+from studies.ltd_bound import BASE, CONTRASTIVE, DUAL, LAGRANGIAN, PAPER, SMOKE, TABLE_1, figure_3
 
 STUDY = Study(
     name="ltd_triplet",
@@ -22,4 +24,9 @@ STUDY = Study(
     figures=figure_3(),
     smoke=SMOKE,
     debug_condition="lagrangian",
+    # LTD paper Section 5.4: the same recipe with the triplet loss (margin 0.2, hardest negative)
+    # and BatchNorm after the heads, as the reference does with the triplet loss.
+    paper=replace(PAPER, overrides={**PAPER.overrides, "loss.name": "triplet",
+                                    "model.head_batchnorm": True},
+                  space_file="paper/ltd_triplet.yaml"),
 )

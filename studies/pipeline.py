@@ -224,8 +224,9 @@ def run_phases(session: Session, say: Callable[[str], None]) -> Path:
                 continue
             say(f"search {condition.name}: {_describe_space(condition)}")
             records = search(session, condition.name)
-            say(f"  {summary(records, plan.max_epochs)}")
-            winner = select_winner(records, plan.study.metric, plan.study.mode, plan.max_epochs)
+            epochs = condition.config.epochs
+            say(f"  {summary(records, epochs)}")
+            winner = select_winner(records, plan.study.metric, plan.study.mode, epochs)
             if winner is None:
                 say(f"  no trial of {condition.name} ran the full budget: not confirmed")
                 continue

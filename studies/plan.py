@@ -7,9 +7,10 @@ mistake (unknown key, bad value, bad space file, unknown condition, a workspace 
 unknown URI scheme, a budget of 0, ...) surfaces here as a one-line UserError, before a folder, a
 Ray instance or an MLflow run exists. The rest of the pipeline reads the plan, never the options.
 
-Precedence of the flat overrides, lowest first: the ExperimentConfig defaults, the study's base,
-the fixed values of the space file, the condition's overrides, the ``--smoke`` overrides, the
-``--set`` overrides. A key set with ``--set`` is no longer searched.
+Precedence of the flat overrides, lowest first: the ExperimentConfig defaults, the recipe's base
+(``--recipe``: the study's ``embedded`` base, its ``smoke`` overrides on top of it, or the paper's
+own recipe), the fixed values of the space file, the condition's overrides, the recipe's overrides
+of that condition, the ``--set`` overrides. A key set with ``--set`` is no longer searched.
 """
 
 from __future__ import annotations
@@ -23,12 +24,20 @@ from pathlib import Path
 from typing import Any
 
 from icr.analysis import check_analyses
-from icr.config import ExperimentConfig, Scalar, check_paths, from_flat, parse_value, to_flat
+from icr.config import (
+    ExperimentConfig,
+    Scalar,
+    check_paths,
+    from_flat,
+    parse_value,
+    to_flat,
+    used_keys,
+)
 from icr.errors import ConfigError, UserError
 from icr.train.tasks import check as check_task
 from icr.workspace import Workspace
-from studies.catalog import Study
-from studies.space import Domain, load_space
+from studies.catalog import Recipe, Study, space_path
+from studies.space import Domain, grid_size, load_space
 
 CONFIRM_SEED_BASE = 1000  # confirmation seeds are 1000, 1001, ...: never a search trial's seed
 TRACKING_SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks")
@@ -40,7 +49,8 @@ class Options:
     """What the command line chose (see ``python -m studies.run --help``)."""
 
     overrides: dict[str, str] = field(default_factory=dict)
-    smoke: bool = False
+    smoke: bool = False  # --smoke: the same as --recipe smoke
+    recipe: str | None = None  # --recipe (None: embedded, or smoke with --smoke)
     seeds: int | None = None
     budget: int | None = None
     workspace: str | None = None
@@ -59,6 +69,10 @@ class ConditionPlan:
     domains: dict[str, Domain]  # searched keys
     config: ExperimentConfig  # the flat overrides, validated (searched keys at their defaults)
 
+    def trials(self, budget: int) -> int:
+        """Search trials of this condition: every point of a grid, else the study's budget."""
+        return grid_size(self.domains) or budget
+
     def corners(self) -> Iterator[tuple[dict[str, Scalar], ExperimentConfig]]:
         """The configurations at the corners of the searched space, with the values drawn: every
         combination of each domain's choices and both ends of its ranges."""
@@ -75,8 +89,9 @@ class StudyPlan:
     conditions: tuple[ConditionPlan, ...]
     budget: int
     seeds: tuple[int, ...]
-    max_epochs: int  # ASHA's max_t: the full budget of a trial, in epochs
+    max_epochs: int  # the longest trial's epochs (a condition's own: its config.epochs)
     smoke: bool = False
+    recipe: Recipe | None = None  # None: the study's embedded recipe
     overrides: dict[str, str] = field(default_factory=dict)  # the --set values, as given
     tracking_uri: str = ""
     storage_root: str = ""  # Tune storage: --storage (S3, GCS, NFS) or <workspace>/ray
@@ -85,9 +100,31 @@ class StudyPlan:
     dashboard: bool = True
 
     @property
+    def recipe_name(self) -> str:
+        return self.recipe.name if self.recipe is not None else "embedded"
+
+    @property
+    def analyses(self) -> tuple[str, ...]:
+        """The analyses of the confirmation runs: the recipe's, else the study's."""
+        return _analyses(self.study, self.recipe)
+
+    @property
+    def startup_trials(self) -> int:
+        """Quasi-random trials before TPE, per condition (at most the budget)."""
+        declared = self.recipe.startup_trials if self.recipe is not None else None
+        return min(declared or self.study.startup_trials, self.budget)
+
+    @property
+    def early_stopping(self) -> bool:
+        """ASHA stops weak search trials (a paper's grid trains every point to the end)."""
+        return self.recipe is None or self.recipe.early_stopping
+
+    @property
     def key(self) -> str:
-        """Name of the study's MLflow experiment, Tune folder and report folder."""
-        return f"{self.study.name}-smoke" if self.smoke else self.study.name
+        """Name of the study's MLflow experiment, Tune folder and report folder: the study's
+        name, ``-smoke`` or ``-paper`` appended for those recipes."""
+        name = self.recipe_name
+        return self.study.name if name == "embedded" else f"{self.study.name}-{name}"
 
     @property
     def state_root(self) -> Path:
@@ -107,39 +144,64 @@ class StudyPlan:
     def signature(self) -> dict[str, Any]:
         """The options a resumed run must share with the run it continues."""
         return {"overrides": dict(sorted(self.overrides.items())), "smoke": self.smoke,
-                "budget": self.budget, "seeds": list(self.seeds)}
+                "recipe": self.recipe_name, "budget": self.budget, "seeds": list(self.seeds)}
+
+    def missing(self) -> list[str]:
+        """What the recipe needs that the configuration does not give: a dataset it is not for,
+        a required file left unset (one line each, naming the key and the fix)."""
+        recipe = self.recipe
+        if recipe is None:
+            return []
+        out = []
+        for c in self.conditions:
+            data = c.config.data.dataset
+            if recipe.datasets and data not in recipe.datasets:
+                out.append(f"the {recipe.name} recipe of {self.study.name} trains on "
+                           f"data.dataset={' or '.join(recipe.datasets)}, not {data}; --set "
+                           f"data.dataset=... (or --recipe embedded)")
+            flat, used = to_flat(c.config), set(used_keys(c.config))
+            out += [f"the {recipe.name} recipe of {self.study.name} needs {key} ({what}); "
+                    f"--set {key}=PATH" for key, what in recipe.requires.items()
+                    if key in used and not _local(flat[key])]
+        return list(dict.fromkeys(out))
 
     @classmethod
-    def build(cls, study: Study, options: Options) -> StudyPlan:
-        """Validate everything the user gave; raise a one-line UserError at the first mistake."""
+    def build(cls, study: Study, options: Options, strict: bool = True) -> StudyPlan:
+        """Validate everything the user gave; raise a one-line UserError at the first mistake.
+
+        With ``strict=False`` (``--plan``) what the recipe needs but lacks (:meth:`missing`) is
+        left for the caller to list instead of raised.
+        """
         workspace = Workspace.resolve(options.workspace)
         check_workspace(workspace.root)
-        conditions = _conditions(study, options)
-        epochs = {c.config.epochs for c in conditions}
-        if len(epochs) != 1 or not epochs.pop():
-            raise ConfigError("every condition of a study must train for the same number (> 0) of epochs")
-        n_seeds = options.seeds if options.seeds is not None else (
-            study.smoke_seeds if options.smoke else study.seeds
-        )
-        budget = options.budget if options.budget is not None else (
-            study.smoke_budget if options.smoke else study.budget
-        )
+        recipe = study.recipe(recipe_name(options))
+        conditions = _conditions(study, options, recipe)
+        for c in conditions:
+            if not c.config.epochs:
+                raise ConfigError(f"condition {c.name} trains for 0 epochs; set "
+                                  f"train.warmup_epochs or train.finetune_epochs above 0")
+        n_seeds = options.seeds if options.seeds is not None else (recipe.seeds or study.seeds)
+        budget = options.budget if options.budget is not None else (recipe.budget or study.budget)
         if n_seeds < 1:
             raise UserError(f"--seeds {n_seeds}: give at least 1 confirmation seed per condition")
         if budget < 1:
             raise UserError(f"--budget {budget}: give at least 1 trial per condition")
         if options.cpus_per_trial is not None and options.cpus_per_trial < 1:
             raise UserError(f"--cpus-per-trial {options.cpus_per_trial}: give 1 or more CPUs")
-        return cls(
+        plan = cls(
             study=study, workspace=workspace, conditions=conditions, budget=budget,
             seeds=tuple(CONFIRM_SEED_BASE + i for i in range(n_seeds)),
-            max_epochs=conditions[0].config.epochs, smoke=options.smoke,
+            max_epochs=max(c.config.epochs for c in conditions), smoke=recipe.name == "smoke", recipe=recipe,
             overrides=dict(options.overrides),
             tracking_uri=check_tracking_uri(options.tracking_uri or workspace.mlflow_uri),
             storage_root=check_storage_uri(options.storage or str(workspace.ray)),
             address=options.address, cpus_per_trial=options.cpus_per_trial,
             dashboard=options.dashboard,
         )
+        missing = plan.missing()
+        if strict and missing:
+            raise UserError(missing[0])
+        return plan
 
     def debug_config(self, condition: str | None) -> ExperimentConfig:
         """The config ``--debug`` trains: a condition's overrides, searched keys at a midpoint.
@@ -152,10 +214,26 @@ class StudyPlan:
         return from_flat({**test, **values}, plan.config)
 
 
-def _conditions(study: Study, options: Options) -> tuple[ConditionPlan, ...]:
-    space = load_space(study.space_path, tuple(c.name for c in study.conditions))
+def _local(value: Any) -> bool:
+    """``value`` names an existing local file or folder (not a bundled asset's name)."""
+    return bool(value) and Path(str(value)).expanduser().exists()
+
+
+def _analyses(study: Study, recipe: Recipe | None) -> tuple[str, ...]:
+    return recipe.analyses if recipe is not None and recipe.analyses is not None else study.analyses
+
+
+def recipe_name(options: Options) -> str:
+    """The recipe the options ask for: ``--recipe``, or ``smoke`` for ``--smoke``."""
+    if options.smoke and options.recipe not in (None, "smoke"):
+        raise UserError(f"--smoke and --recipe {options.recipe}: --smoke is --recipe smoke; give one")
+    return "smoke" if options.smoke else (options.recipe or "embedded")
+
+
+def _conditions(study: Study, options: Options, recipe: Recipe) -> tuple[ConditionPlan, ...]:
+    space = load_space(space_path(recipe.space_file or study.space_file),
+                       tuple(c.name for c in study.conditions))
     user = {k: parse_value(k, v) for k, v in options.overrides.items()}
-    smoke = dict(study.smoke) if options.smoke else {}
     out = []
     for condition in study.conditions:
         section = space.for_condition(condition.name)
@@ -165,16 +243,17 @@ def _conditions(study: Study, options: Options) -> tuple[ConditionPlan, ...]:
                 f"{space.path}: {sorted(clash)[0]} is searched but condition "
                 f"{condition.name} fixes it in studies/{study.name}.py"
             )
-        flat = {**study.base, **section.fixed, **condition.overrides, **smoke, **user}
+        flat = {**recipe.overrides, **section.fixed, **condition.overrides,
+                **recipe.conditions.get(condition.name, {}), **user}
         config = from_flat(flat)  # validates every value
         check_paths(config)
         check_task(config)
-        check_analyses(config, study.analyses)  # each analysis fits the condition's task and data
+        check_analyses(config, _analyses(study, recipe))  # each analysis fits the condition's task and data
         flat = {k: v for k, v in to_flat(config).items() if k in flat}
         domains = {k: d for k, d in section.domains.items() if k not in user}
         for domain in domains.values():  # every searched value must make a valid config too
             for value in domain.values:
-                check_analyses(from_flat({domain.key: value}, config), study.analyses)
+                check_analyses(from_flat({domain.key: value}, config), _analyses(study, recipe))
         out.append(ConditionPlan(condition.name, condition.label, flat, domains, config))
     return tuple(out)
 

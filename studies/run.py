@@ -6,6 +6,8 @@
     python -m studies.run ltd_bound --smoke           the same on the tiny preset, in ~2 minutes
     python -m studies.run ltd_bound --debug --set objective.eta=0.1
     python -m studies.run ltd_bound --address auto    on a running Ray cluster
+    python -m studies.run ltd_bound --recipe paper --plan --set data.dataset=karpathy ...
+                                                      the paper's recipe: what it runs, its cost
 
 A mistake in the command line (unknown study, key or value, bad search-space file) prints one
 line, ``error: ...``, and exits with code 2 before anything is written.
@@ -20,7 +22,7 @@ from collections.abc import Mapping, Sequence
 try:
     from icr.config import key_specs, parse_overrides
     from icr.errors import UserError
-    from studies.catalog import Study, all_studies, get_study
+    from studies.catalog import RECIPES, Study, all_studies, get_study
     from studies.plan import Options, StudyPlan
 except ModuleNotFoundError as missing:  # the project's dependencies are not in this interpreter
     if (missing.name or "").split(".")[0] in ("icr", "studies"):
@@ -49,6 +51,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--condition", help="the condition --debug trains (default: the study's)")
     p.add_argument("--smoke", action="store_true",
                    help="tiny preset, few short trials (the whole pipeline in ~2 minutes)")
+    p.add_argument("--recipe", choices=RECIPES, metavar="{embedded,paper,smoke}",
+                   help="embedded (default): scaled to the embedded benchmark and 2 CPU cores; "
+                        "paper: the paper's own recipe for its real datasets; smoke: as --smoke")
+    p.add_argument("--plan", action="store_true",
+                   help="print what the study would run and the data it needs, run nothing")
+    p.add_argument("--calibrate", type=int, metavar="N",
+                   help="with --plan: time N training steps of each condition here and "
+                        "estimate the study's wall time and device-hours")
+    p.add_argument("--gpus", type=int, metavar="N",
+                   help="with --plan: estimate for a cluster of N GPUs (default: this machine)")
     p.add_argument("--resume", action="store_true",
                    help="continue the study's unfinished run (also done without it)")
     p.add_argument("--fresh", action="store_true", help="start a new run even if one is unfinished")
@@ -114,6 +126,20 @@ def main(
             raise
 
 
+def _print_plan(plan: StudyPlan, calibrate: int | None, gpus: int | None) -> int:
+    from studies.estimate import calibrate as time_steps
+    from studies.estimate import describe, plan_costs
+
+    costs = plan_costs(plan)
+    if calibrate:
+        if plan.missing():
+            raise UserError(f"--calibrate needs the data: {plan.missing()[0]}")
+        costs = time_steps(plan, costs, calibrate)
+    for line in describe(plan, costs, gpus):
+        print(line)
+    return 0
+
+
 def _interrupted() -> int:
     print(f"interrupted: {INTERRUPTED}", file=sys.stderr)
     return 130
@@ -133,12 +159,20 @@ def _run(args: argparse.Namespace, backend: object | None, extra: Mapping[str, S
         raise UserError("give a study name (python -m studies.run --list shows them)")
     study = get_study(args.name, extra)
     options = Options(
-        overrides=parse_overrides(args.overrides), smoke=args.smoke, seeds=args.seeds,
+        overrides=parse_overrides(args.overrides), smoke=args.smoke, recipe=args.recipe,
+        seeds=args.seeds,
         budget=args.budget, workspace=args.workspace, tracking_uri=args.tracking_uri,
         address=args.address, storage=args.storage, cpus_per_trial=args.cpus_per_trial,
         dashboard=not args.no_dashboard,
     )
-    plan = StudyPlan.build(study, options)  # every user mistake surfaces here, nothing written yet
+    if args.calibrate is not None and (not args.plan or args.calibrate < 1):
+        raise UserError("--calibrate N goes with --plan, N >= 1 (e.g. --plan --calibrate 20)")
+    if args.gpus is not None and (not args.plan or args.gpus < 1):
+        raise UserError("--gpus N goes with --plan, N >= 1")
+    # every user mistake surfaces here, nothing written yet (--plan lists what a recipe lacks)
+    plan = StudyPlan.build(study, options, strict=not args.plan)
+    if args.plan:
+        return _print_plan(plan, args.calibrate, args.gpus)
     if args.condition:
         plan.condition(args.condition)
     if args.debug:

@@ -9,7 +9,8 @@ Format (``search_spaces/<study>.yaml``)::
       lagrangian:
         objective.eta: {uniform: [0.05, 0.3]}
 
-Domains: ``{choice: [a, b, ...]}``, ``{uniform: [low, high]}``, ``{loguniform: [low, high]}``
+Domains: ``{choice: [a, b, ...]}``, ``{grid: [a, b, ...]}`` (every value trained once, see
+:class:`Domain`), ``{uniform: [low, high]}``, ``{loguniform: [low, high]}``
 (low > 0) and ``{int: [low, high]}`` (both ends included). Every key and value is validated
 against the config vocabulary (:func:`icr.config.key_specs`); an error names the file and the key.
 This module knows nothing of Ray: :class:`ConditionalSpace` turns a condition's domains into an
@@ -18,6 +19,7 @@ Optuna define-by-run space that samples only the keys a trial's configuration us
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,27 +30,33 @@ import yaml
 from icr.config import Scalar, from_flat, key_specs, parse_value, used_keys
 from icr.errors import ConfigError
 
-KINDS = ("choice", "uniform", "loguniform", "int")
+KINDS = ("choice", "grid", "uniform", "loguniform", "int")
 _TOP_LEVEL = ("space", "conditions", "description")
 
 
 @dataclass(frozen=True)
 class Domain:
-    """A searched key: ``kind`` is one of :data:`KINDS`; ``values`` the choices or (low, high)."""
+    """A searched key: ``kind`` is one of :data:`KINDS`; ``values`` the choices or (low, high).
+
+    ``grid`` is a choice whose every value is trained once (a paper's grid, e.g. LTD's eta in
+    {0.05, ..., 0.3}): a condition whose domains are all grids runs their product, every point
+    once, with Optuna's GridSampler (:func:`grid_points`)."""
 
     key: str
     kind: str
     values: tuple[Scalar, ...]
 
     def describe(self) -> str:
-        if self.kind == "choice":
-            return f"choice of {', '.join(map(str, self.values))}"
+        if self.kind in ("choice", "grid"):
+            return f"{self.kind} of {', '.join(map(str, self.values))}"
         return f"{self.kind} [{self.values[0]}, {self.values[1]}]"
 
     def midpoint(self) -> Scalar:
         """A representative value (used by --debug when the key is not set)."""
         if self.kind == "choice":
             return self.values[0]
+        if self.kind == "grid":
+            return self.values[len(self.values) // 2]
         low, high = self.values
         if self.kind == "loguniform":
             return float((low * high) ** 0.5)
@@ -132,8 +140,11 @@ def parse_domain(key: str, spec: Mapping[str, Any]) -> Domain:
     kind, args = next(iter(spec.items()))
     if not isinstance(args, list) or not args:
         raise ConfigError(f"{key}: {kind} needs a list, e.g. {{{kind}: [low, high]}}")
-    if kind == "choice":
-        return Domain(key, kind, tuple(parse_value(key, v) for v in args))
+    if kind in ("choice", "grid"):
+        values = tuple(parse_value(key, v) for v in args)
+        if kind == "grid" and len(set(values)) != len(values):
+            raise ConfigError(f"{key}: a grid lists each value once, got {args}")
+        return Domain(key, kind, values)
     if len(args) != 2:
         raise ConfigError(f"{key}: {kind} needs exactly [low, high], got {args}")
     kspec = specs[key]
@@ -180,9 +191,23 @@ class ConditionalSpace:
 
 def suggest(trial: Any, domain: Domain) -> Any:
     """One value of a space-file domain from an Optuna trial."""
-    if domain.kind == "choice":
+    if domain.kind in ("choice", "grid"):
         return trial.suggest_categorical(domain.key, list(domain.values))
     low, high = domain.values
     if domain.kind == "int":
         return trial.suggest_int(domain.key, low, high)  # both ends included, as in the file
     return trial.suggest_float(domain.key, low, high, log=domain.kind == "loguniform")
+
+
+def grid_points(domains: Mapping[str, Domain]) -> dict[str, list[Scalar]] | None:
+    """The grid of a condition whose searched keys are all ``grid`` domains (Optuna's
+    GridSampler's search space), or ``None`` when any key is sampled otherwise."""
+    if not domains or any(d.kind != "grid" for d in domains.values()):
+        return None
+    return {key: list(d.values) for key, d in domains.items()}
+
+
+def grid_size(domains: Mapping[str, Domain]) -> int | None:
+    """How many points :func:`grid_points` has (``None``: not a grid)."""
+    grid = grid_points(domains)
+    return None if grid is None else math.prod(len(v) for v in grid.values())

@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from studies.catalog import Condition, Study
 from studies.figures import Figure, metric_per_epoch
-from studies.pooling_objective import BASE, TABLE
+from studies.pooling_objective import BASE, PAPER, PAPER_BASE, TABLE
 
 COMMON = {**BASE, "image.pooling": "adpool", "text.pooling": "adpool", "loss.name": "adopt",
           "loss.margin": 0.2}
@@ -40,4 +40,11 @@ STUDY = Study(
     smoke_budget=1,
     smoke_seeds=1,
     debug_condition="bert",
+    # pooling_objective's paper recipe with AdPool and AdOpt; the BERT condition loads BERT-base
+    # from text.bert_path (Appendix B: the pre-trained module at 10% of the lr).
+    paper=replace(
+        PAPER, overrides={**PAPER_BASE, "image.pooling": "adpool", "text.pooling": "adpool",
+                          "loss.name": "adopt", "loss.margin": 0.2, "loss.tau": 0.05},
+        conditions={}, space_file="paper/text_encoder.yaml",
+        requires={**PAPER.requires, "text.bert_path": "bert-base-uncased (the BERT condition)"}),
 )

@@ -323,14 +323,14 @@ class MlflowTrialCallback(Callback):
 
     def __init__(
         self, tracker: Tracker, parent_id: str, job: Any, tags: Mapping[str, str],
-        fingerprints: Mapping[str, str], max_epochs: int,
+        fingerprints: Mapping[str, str], max_epochs: Mapping[str, int],
     ) -> None:
         self.tracker = tracker
         self.parent_id = parent_id
         self.job = job  # studies.trainable.TrialJob: turns a trial config into recorded params
         self.tags = dict(tags)
         self.fingerprints = dict(fingerprints)
-        self.max_epochs = max_epochs
+        self.max_epochs = dict(max_epochs)  # per condition: a trial's full budget in epochs
         self._runs: dict[str, str] = {}
         self._last_epoch: dict[str, int] = {}
 
@@ -391,7 +391,7 @@ class MlflowTrialCallback(Callback):
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         run_id = self.run_id(trial)
         epochs = int((trial.last_result or {}).get("epoch", 0))
-        full = epochs >= self.max_epochs
+        full = epochs >= self.max_epochs[str(trial.config.get("condition", ""))]
         self.tracker.set_tags(run_id, {"epochs": epochs, "budget_complete": str(full).lower(),
                                        "stopped_early": str(not full).lower()})
         self.tracker.finish(run_id, "FINISHED")

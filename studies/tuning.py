@@ -30,14 +30,14 @@ from typing import Any
 from optuna.trial import TrialState
 from ray import tune
 from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
-from ray.tune.schedulers import ASHAScheduler
+from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 from ray.tune.search.optuna import OptunaSearch
 
 from studies.progress import DONE, INTERVAL_S, RUNNING, WAITING, Progress, TrialView, say_now
 from studies.ray_adapter import labelled_trainable
-from studies.samplers import SpreadThenTPESampler
+from studies.samplers import GridOnceSampler, SpreadThenTPESampler
 from studies.session import Interrupted, Session
-from studies.space import ConditionalSpace
+from studies.space import ConditionalSpace, grid_points
 from studies.tracking import PARENT_TAG, MlflowTrialCallback, error_line, run_name, trial_error
 from studies.trainable import MarkReported, TrialJob, run_trial
 
@@ -269,7 +269,7 @@ def run_tuner(
         callback = MlflowTrialCallback(
             session.tracker, session.parent_id, job,
             {**session.tags, "phase": job.phase, "tune_experiment": name},
-            session.fingerprints, plan.max_epochs,
+            session.fingerprints, {c.name: c.config.epochs for c in plan.conditions},
         )
         run_config = tune.RunConfig(
             name=name,
@@ -316,7 +316,8 @@ def progress_callback(session: Session, job: TrialJob, title: str, expected: int
     """The status lines of a Tuner: a search's best shows its sampled values, a confirmation's
     its condition, the winner's values and the seed."""
     plan, options = session.plan, session.progress
-    progress = Progress(title, expected, plan.max_epochs, plan.study.metric, plan.study.mode,
+    epochs = max(plan.condition(c).config.epochs for c in job.conditions)
+    progress = Progress(title, expected, epochs, plan.study.metric, plan.study.mode,
                         session.concurrency, options.clock)
     describe = sampled_values
     if job.phase == "confirm":
@@ -363,22 +364,24 @@ def search(session: Session, condition: str) -> list[TrialRecord]:
     name = f"search-{condition}"
     job = TrialJob(study.name, "search", str(plan.workspace.root), {condition: cond.flat},
                    experiment=session.experiment_path(name))
-    sampler = SpreadThenTPESampler(min(study.startup_trials, plan.budget), study.searcher_seed,
-                                   tuple(cond.domains))
+    grid = grid_points(cond.domains)
+    trials = cond.trials(plan.budget)
+    sampler = (GridOnceSampler(grid, seed=study.searcher_seed) if grid is not None else
+               SpreadThenTPESampler(plan.startup_trials, study.searcher_seed, tuple(cond.domains)))
     searcher = PrunedAwareOptunaSearch(
         space=ConditionalSpace(cond.flat, tuple(cond.domains.values())),
         metric=study.metric, mode=study.mode, sampler=sampler, time_attr="epoch",
-        max_t=plan.max_epochs, log_path=str(session.run_dir / f"search-{condition}.optuna.csv"),
+        max_t=cond.config.epochs, log_path=str(session.run_dir / f"search-{condition}.optuna.csv"),
     )
     scheduler = ASHAScheduler(
-        time_attr="epoch", max_t=plan.max_epochs, grace_period=study.grace_period,
+        time_attr="epoch", max_t=cond.config.epochs, grace_period=study.grace_period,
         reduction_factor=study.reduction_factor,
-    )
+    ) if plan.early_stopping else FIFOScheduler()  # a paper's grid trains every point to the end
     tune_config = tune.TuneConfig(
         metric=study.metric, mode=study.mode, search_alg=searcher, scheduler=scheduler,
-        num_samples=plan.budget, max_concurrent_trials=session.concurrency,
+        num_samples=trials, max_concurrent_trials=session.concurrency,
     )
-    return run_tuner(session, name, job, {"condition": condition}, tune_config, plan.budget,
+    return run_tuner(session, name, job, {"condition": condition}, tune_config, trials,
                      f"search {condition}")
 
 
@@ -387,7 +390,7 @@ def confirm(session: Session, winners: Mapping[str, Mapping[str, Any]]) -> list[
     plan = session.plan
     if not winners or not plan.seeds:
         return []
-    analyses = {"eval.analyses": ",".join(plan.study.analyses)} if plan.study.analyses else {}
+    analyses = {"eval.analyses": ",".join(plan.analyses)} if plan.analyses else {}
     conditions = {name: {**plan.condition(name).flat, **sampled, "eval.test": True, **analyses}
                   for name, sampled in winners.items()}
     job = TrialJob(plan.study.name, "confirm", str(plan.workspace.root), conditions,

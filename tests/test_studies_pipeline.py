@@ -23,7 +23,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from icr.config import key_specs
-from studies.catalog import Condition, Study
+from studies.catalog import Condition, Recipe, Study
 from studies.fakes import FakeFit, fake_prepare
 from studies.ltd_bound import TABLE_1, figure_3
 from studies.pipeline import Backend
@@ -465,3 +465,29 @@ def test_a_trial_restored_from_a_lagging_tune_state_continues_after_its_recorded
     assert runs["tune_trial_id"].is_unique and all(len(s) == len(set(s)) for s in runs["steps"])
     full = runs[(runs["phase"] == "search") & (runs["budget_complete"] == "true")]
     assert all(steps == [1, 2, 3, 4] for steps in full["steps"])
+
+
+def test_a_paper_recipe_trains_its_grid_to_the_end_with_each_condition_s_epochs(
+        cluster, tmp_path: Path) -> None:
+    """``--recipe paper``: a grid domain trains each point once (GridSampler through Tune), no
+    trial is stopped early (FIFO), and a condition trains its own epochs (SmoothAP's 5x)."""
+    (tmp_path / "paper.yaml").write_text(
+        "space: {}\nconditions:\n  lagrangian:\n    objective.eta: {grid: [0.1, 0.2, 0.3]}\n")
+    paper = Recipe("paper", "a test", {"train.warmup_epochs": 2, "train.finetune_epochs": 2,
+                                       "eval.test": False},
+                   conditions={"contrastive": {"train.finetune_epochs": 0}},
+                   space_file=str(tmp_path / "paper.yaml"), seeds=1, early_stopping=False)
+    study = replace(fake_study(tmp_path, budget=8), paper=paper)
+    workspace = tmp_path / "ws"
+    rc = main(["fake", "--recipe", "paper", "--workspace", str(workspace)],
+              backend=Backend(FakeFit(epoch_seconds=0.05), fake_prepare), extra_studies={"fake": study})
+    assert rc == 0
+    runs = child_runs(workspace, "fake-paper")
+    search = runs[runs["phase"] == "search"]
+    assert sorted(float(p["objective.eta"]) for p in search["params"]) == [0.1, 0.2, 0.3]
+    assert (search["budget_complete"] == "true").all() and (search["stopped_early"] == "false").all()
+    assert all(steps == [1, 2, 3, 4] for steps in search["steps"])
+    confirm = runs[runs["phase"] == "confirm"].set_index("condition")
+    assert confirm.loc["contrastive", "steps"] == [1, 2]
+    assert confirm.loc["lagrangian", "steps"] == [1, 2, 3, 4]
+    assert (confirm["budget_complete"] == "true").all()

@@ -86,7 +86,8 @@ def shapes(*, preset: str, seed: int, root: str, workspace: Workspace) -> Datase
 
 @DATASETS.register("karpathy")
 def karpathy_json(
-    *, karpathy_json: str, image_root: str, precomp_dir: str, workspace: Workspace
+    *, karpathy_json: str, image_root: str, precomp_dir: str, entities_dir: str,
+    workspace: Workspace,
 ) -> DatasetSource:
     """A Karpathy split JSON (COCO, Flickr30k) with its image folder (and optional regions)."""
     if not karpathy_json:
@@ -99,13 +100,15 @@ def karpathy_json(
     coco = splits["test"].num_images == 5000
     return DatasetSource(
         path.parent, splits, regions_dir=Path(precomp_dir) if precomp_dir else None,
+        entities_dir=Path(entities_dir) if entities_dir else None,
         protocols=("full", "coco_5fold_1k") if coco else ("full",),
     )
 
 
 @DATASETS.register("precomp")
-def precomp_folder(*, precomp_dir: str, workspace: Workspace) -> DatasetSource:
-    """A SCAN/BUTD precomputed folder (``{split}_ims.npy``, ``{split}_caps.txt``, ids)."""
+def precomp_folder(*, precomp_dir: str, entities_dir: str, workspace: Workspace) -> DatasetSource:
+    """A SCAN/BUTD precomputed folder (``{split}_ims.npy``, ``{split}_caps.txt``, ids), with a
+    Flickr30K Entities folder for grounding when ``data.entities_dir`` names one."""
     if not precomp_dir:
         raise ConfigError("data.dataset=precomp needs data.precomp_dir=<SCAN/BUTD folder>")
     folder = Path(precomp_dir)
@@ -114,6 +117,7 @@ def precomp_folder(*, precomp_dir: str, workspace: Workspace) -> DatasetSource:
     splits = {s: precomp.load_precomp(folder, s).images for s in SPLITS}
     coco = splits["test"].num_images == 5000
     return DatasetSource(folder, splits, regions_dir=folder,
+                         entities_dir=Path(entities_dir) if entities_dir else None,
                          protocols=("full", "coco_5fold_1k") if coco else ("full",))
 
 

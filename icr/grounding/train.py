@@ -98,8 +98,8 @@ def _load_split(source: DatasetSource, split: str, max_regions: int | None,
     benchmark ships both: ``precomp/`` and ``entities/``)."""
     if source.entities_dir is None or source.regions_dir is None:
         raise DataError(f"{source.root}: grounding needs a Flickr30K Entities folder and region "
-                        "features beside the dataset; use data.dataset=shapes or a dataset "
-                        "that ships both")
+                        "features beside the dataset; use data.dataset=shapes, or give "
+                        "data.precomp_dir and data.entities_dir")
     return load_grounding(source.regions_dir, source.entities_dir, split,
                           max_regions=max_regions, max_words=max_words)
 
