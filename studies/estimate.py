@@ -16,7 +16,7 @@ A searched trial's expected epochs under ASHA (``grace_period`` g, ``reduction_f
 trial and the epochs between rung k and the next for the 1/r^(k+1) of trials promoted past it (the
 asymptotic promotion rate; the first trials of a search are promoted more often, so the estimate
 is a lower bound for small budgets). Without early stopping (a paper's grid) every trial trains
-``T`` epochs. ``benchmarks/benchmark_plan_estimate.py`` compares the estimate with a real study's
+``T`` epochs. ``benchmarks/plan_estimate.py`` compares the estimate with a real study's
 time on the embedded benchmark.
 """
 

@@ -155,3 +155,12 @@ def test_gpu_trial_runs_an_architecture_on_cpu(arch, capsys, workspace):
     assert gpu_trial.run_arch(arch, args, workspace, torch.device("cpu"))
     row = capsys.readouterr().out.strip().splitlines()[-1]
     assert row.startswith(f"| {arch} |") and "emb_max_abs=0/0 " in row and "DIFFERS" not in row
+
+
+def test_plan_estimate_compares_the_calibrated_estimate_with_a_measured_time(capsys, workspace):
+    """The estimate of ltd_bound --smoke from one timed step per phase, against a given time."""
+    load("plan_estimate").main(["--steps", "1", "--measured", "60", "--workspace",
+                                str(workspace.root)])
+    out = capsys.readouterr().out
+    assert out.count("calibrated:") == 3
+    assert "ltd_bound --recipe smoke: estimated" in out and "estimate / measured =" in out

@@ -225,10 +225,10 @@ def test_the_plan_of_the_paper_recipe_names_its_trials_and_files(files, tmp_path
     assert not (tmp_path / "ws" / "mlflow.db").exists()  # --plan runs nothing
 
 
-def test_plan_calibrate_times_steps_and_estimates(tmp_path, capsys):
+def test_plan_calibrate_times_steps_and_estimates(workspace, capsys):
     """A tiny study's plan with two timed steps per phase gives a positive estimate."""
     args = ["ltd_bound", "--smoke", "--plan", "--calibrate", "2", "--workspace",
-            str(tmp_path / "ws"), "--set", "train.device=cpu"]
+            str(workspace.root), "--set", "train.device=cpu"]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert out.count("calibrated:") == 3  # one line per condition
