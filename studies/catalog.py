@@ -14,6 +14,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import pkgutil
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -174,13 +175,25 @@ def space_path(space_file: str) -> Path:
     return path if path.is_absolute() else SEARCH_SPACES / path
 
 
+def _declares_a_study(path: Path) -> bool:
+    """The module's source assigns ``STUDY`` at top level (read, not imported: the platform's
+    own modules import Ray and MLflow, which ``--list`` and ``--keys`` must not)."""
+    try:
+        return re.search(r"^STUDY\s*[:=]", path.read_text(encoding="utf-8"), re.M) is not None
+    except OSError:
+        return False
+
+
 def all_studies() -> dict[str, Study]:
-    """Every study of the ``studies`` package by name (each module defining ``STUDY``)."""
+    """Every study of the ``studies`` package by name: each module that declares ``STUDY``,
+    found by scanning the package's sources and imported (only those are)."""
     import studies
 
     found: dict[str, Study] = {}
-    for module in sorted(m.name for m in pkgutil.iter_modules(studies.__path__)):
-        study = getattr(importlib.import_module(f"studies.{module}"), "STUDY", None)
+    for info in sorted(pkgutil.iter_modules(studies.__path__), key=lambda m: m.name):
+        if not _declares_a_study(Path(info.module_finder.path) / f"{info.name}.py"):
+            continue
+        study = getattr(importlib.import_module(f"studies.{info.name}"), "STUDY", None)
         if not isinstance(study, Study):
             continue
         if study.name in found:

@@ -8,7 +8,6 @@ driver runs a study at a time (:class:`~studies.session.DriverLock`).
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ from icr.errors import ConfigError
 from icr.train.tasks import Prepared, check_fits
 from icr.workspace import Workspace
 from studies import ray_adapter
+from studies.environment import set_quiet_environment
 from studies.plan import ConditionPlan, StudyPlan
 from studies.processes import stop_signals_as_ctrl_c
 from studies.progress import ProgressOptions, say_now
@@ -257,18 +257,6 @@ def _describe_space(condition: ConditionPlan) -> str:
     used = set(used_keys(condition.config))
     return ", ".join(f"{k} ~ {d.describe()}" for k, d in condition.domains.items()
                      if choosing or k in used)
-
-
-def set_quiet_environment() -> None:
-    """Telemetry off and Ray's own chatter down, for every entry point."""
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "0")  # save Tune's state at every event
-    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
-    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # tuning.py adds JSON and CSV
-    # Tune's classic reporter: silent at verbose=0 (the new one prints a table per experiment).
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 __all__ = ["Backend", "run_study", "set_quiet_environment"]

@@ -26,10 +26,16 @@ import ray  # noqa: F401 - Ray ships psutil in ray/thirdparty_files and puts it 
 
 import psutil  # isort: skip
 
+from studies.signals import (  # noqa: F401 - re-exported: the driver's stop signals
+    STOP_SIGNALS,
+    StopSignals,
+    handlers_kept,
+    stop_signals_as_ctrl_c,
+)
+
 log = logging.getLogger(__name__)
 
 MARKER = "ICR_RAY_INSTANCE"  # environment variable naming the family a process belongs to
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _PR_SET_PDEATHSIG = 1
 # Looked up now: a forked child must not load libraries before exec (another thread may hold
 # the loader's lock at the fork).
@@ -174,92 +180,6 @@ def write_record(path: Path, record: dict[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
     tmp.write_text(json.dumps(record, indent=2, sort_keys=True))
     tmp.replace(path)
-
-
-class StopSignals:
-    """Within the block, SIGINT, SIGTERM and SIGHUP stop the driver as Ctrl-C does, and are
-    remembered (:attr:`received`).
-
-    SIGTERM and SIGHUP run whichever SIGINT handler is active: Ray Tune's (it stops the
-    experiment and saves its state) while a Tuner runs, else this block's, which raises
-    KeyboardInterrupt (also when SIGINT was ignored, as in a background job). Whatever a stop
-    signal leads to (KeyboardInterrupt, Tune returning early, an error of a library that was
-    interrupted), the entry point that holds the block sees ``received`` and ends with
-    "interrupted". ``ray.init`` installs its own SIGTERM handler: :func:`handlers_kept` puts
-    this one back. Main thread only; the previous handlers come back on exit; blocks nest.
-    """
-
-    def __init__(self) -> None:
-        self.received: int | None = None  # the first stop signal, if any
-        self._previous: dict[int, Any] = {}
-        self._outer: StopSignals | None = None  # the block this one is nested in
-
-    def __enter__(self) -> StopSignals:
-        self._previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
-        outer = getattr(self._previous[signal.SIGTERM], "__self__", None)
-        self._outer = outer if isinstance(outer, StopSignals) else None
-        if self._previous[signal.SIGINT] in _PLAIN_CTRL_C or self._outer is not None:
-            signal.signal(signal.SIGINT, self._ctrl_c)  # another's own handler (Tune's) stays
-        for sig in (signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, self._as_ctrl_c)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-    def check(self) -> None:
-        """Raise KeyboardInterrupt if a stop signal came: the one its handler raised can be lost
-        (raised where Python ignores exceptions, e.g. in a fork handler of a library)."""
-        if self.received:
-            raise KeyboardInterrupt
-
-    def _note(self, signum: int) -> None:
-        self.received = self.received or signum
-        if self._outer is not None:
-            self._outer._note(signum)
-
-    def _ctrl_c(self, signum: int, frame: Any) -> None:
-        self._note(signum)
-        raise KeyboardInterrupt
-
-    def _as_ctrl_c(self, signum: int, frame: Any) -> None:
-        self._note(signum)
-        log.info("received %s: stopping as on Ctrl-C", signal.Signals(signum).name)
-        on_ctrl_c = signal.getsignal(signal.SIGINT)
-        if not callable(on_ctrl_c):
-            raise KeyboardInterrupt
-        on_ctrl_c(signal.SIGINT, frame)
-
-
-_PLAIN_CTRL_C = (signal.default_int_handler, signal.SIG_DFL, signal.SIG_IGN, None)
-
-
-def stop_signals_as_ctrl_c() -> StopSignals:
-    """A :class:`StopSignals` block (kept for the callers that only need the handlers)."""
-    return StopSignals()
-
-
-@contextlib.contextmanager
-def handlers_kept(signals: Sequence[int] = STOP_SIGNALS) -> Iterator[None]:
-    """Run a call that installs its own stop-signal handlers (``ray.init`` sets SIGTERM to
-    ``sys.exit``) and put the previous ones back after it; a SIGTERM that such a handler turned
-    into ``SystemExit`` inside the call comes out as KeyboardInterrupt."""
-    previous = {sig: signal.getsignal(sig) for sig in signals}
-    try:
-        yield
-    except SystemExit as exc:
-        if exc.code == signal.SIGTERM and _is_handled(previous):
-            raise KeyboardInterrupt from None
-        raise
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-def _is_handled(previous: dict[int, Any]) -> bool:
-    return callable(previous.get(signal.SIGTERM)) and previous[signal.SIGTERM] not in (
-        signal.SIG_DFL, signal.SIG_IGN)
 
 
 def sweep_family_at_exit(marker: str, folder: Path) -> None:

@@ -103,11 +103,10 @@ def main(
     A stop signal (Ctrl-C, SIGTERM, SIGHUP) at any moment ends it with one line, ``interrupted:
     run the same command again to continue``, and exit code 130, whatever it interrupted.
     """
-    from studies.pipeline import set_quiet_environment
-    from studies.processes import StopSignals
+    from studies.environment import set_quiet_environment
+    from studies.signals import Interrupted, StopSignals
 
     set_quiet_environment()
-    from studies.session import Interrupted
 
     with StopSignals() as stops:
         try:

@@ -23,16 +23,12 @@ from typing import Any
 
 from icr.errors import UserError
 from studies.plan import StudyPlan
-from studies.processes import StopSignals
 from studies.progress import ProgressOptions
 from studies.ray_adapter import Cluster
+from studies.signals import Interrupted, StopSignals
 from studies.tracking import Tracker
 
 STATE_FILE = "state.json"
-
-
-class Interrupted(Exception):
-    """The driver was interrupted (Ctrl-C, SIGTERM, SIGHUP); the run can be continued."""
 
 
 @dataclass

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from studies.catalog import all_studies
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -191,3 +193,18 @@ def test_a_stop_signal_while_ray_starts_says_interrupted(tmp_path: Path) -> None
     assert "Traceback" not in err
     gone, alive = psutil.wait_procs(children, timeout=60)
     assert not alive  # the Ray instance it was starting is stopped
+
+
+@pytest.mark.parametrize("flag", ["--list", "--keys"])
+def test_list_and_keys_import_neither_ray_nor_mlflow(flag):
+    """The catalog and the key list are read without the frameworks (seconds, not a Ray import)."""
+    code = ("import runpy, sys\n"
+            f"sys.argv = ['studies.run', '{flag}']\n"
+            "try:\n    runpy.run_module('studies.run', run_name='__main__')\n"
+            "except SystemExit as exit:\n    assert not exit.code, exit.code\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'ray', 'mlflow', 'optuna'}))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=ROOT).stdout
+    assert out.strip().splitlines()[-1] == "[]"
+    if flag == "--list":
+        assert out.count("conditions:") == len(all_studies())
