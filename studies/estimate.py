@@ -7,7 +7,7 @@ its files are present), and the local files the configuration needs (present or 
 epoch on the device at hand and evaluates once on validation; from those times the study's wall
 time and its device-hours follow:
 
-    epoch time   = step time x steps per epoch + validation time
+    epoch time   = median step time x steps per epoch + validation and per-epoch costs
     trial epochs = search trials x E[epochs of a searched trial] + seeds x epochs
     wall time    = sum over conditions of trial epochs x epoch time / trials at once
 
@@ -23,6 +23,7 @@ time on the embedded benchmark.
 from __future__ import annotations
 
 import os
+import statistics
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -72,7 +73,7 @@ class ConditionCost:
     train_captions: int | None
     needs: tuple[Need, ...]
     step_s: dict[str, float] | None = None  # "warmup" / "finetune": seconds per step measured
-    eval_s: float | None = None  # one validation pass, measured
+    eval_s: float | None = None  # an epoch's validation and its costs beyond its steps, measured
 
     @property
     def trial_epochs(self) -> float:
@@ -165,8 +166,9 @@ def calibrate(plan: StudyPlan, costs: list[ConditionCost], steps: int,
     its first epoch and its first fine-tune epoch, and one validation pass, on the device at hand.
 
     Each timed phase is an epoch cut to ``steps`` steps (``train.max_steps_per_epoch``), run once
-    untimed first (lazy initialisation, caches); its time over ``steps`` is the step time, the
-    epoch's fixed costs (loader, SWA swap) spread over the steps.
+    untimed first (lazy initialisation, caches). A step's time is the median of its steps (robust
+    to a busy machine); what the epoch costs beyond its steps (the loader, SWA's swap and
+    BatchNorm refresh) is counted once per epoch.
     """
     from icr.train.loop import configure_backends, resolve_device
     from icr.train.tasks import build_task
@@ -182,16 +184,37 @@ def calibrate(plan: StudyPlan, costs: list[ConditionCost], steps: int,
         phases = {"warmup": 0}
         if config.train.finetune_epochs and config.train.warmup_epochs:
             phases["finetune"] = config.train.warmup_epochs
-        step_s = {}
+        step_s, fixed_s = {}, []
         for phase, epoch in phases.items():
             task.train_epoch(epoch)
+            times = _timed_steps(task)
             start = time.perf_counter()
             task.train_epoch(epoch)
-            step_s[phase] = (time.perf_counter() - start) / steps
+            epoch_s = time.perf_counter() - start
+            del task.train_step  # the class's own again
+            step_s[phase] = statistics.median(times)
+            fixed_s.append(max(0.0, epoch_s - sum(times)))
         start = time.perf_counter()
         task.evaluate("val")
-        out.append(replace(cost, step_s=step_s, eval_s=time.perf_counter() - start))
+        eval_s = time.perf_counter() - start
+        out.append(replace(cost, step_s=step_s, eval_s=eval_s + statistics.median(fixed_s)))
     return out
+
+
+def _timed_steps(task: Any) -> list[float]:
+    """Wrap the task's ``train_step`` so that each call's wall time is appended to the list
+    returned (the wrapper is an instance attribute: ``del task.train_step`` removes it)."""
+    times: list[float] = []
+    step = task.train_step
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        out = step(*args, **kwargs)
+        times.append(time.perf_counter() - start)
+        return out
+
+    task.train_step = timed
+    return times
 
 
 def trials_at_once(plan: StudyPlan, gpus: int | None = None) -> tuple[int, str]:
@@ -242,7 +265,8 @@ def describe(plan: StudyPlan, costs: list[ConditionCost], gpus: int | None = Non
             yield f"  needs {need.key}={need.path}: {'present' if need.present else 'MISSING'}"
         if cost.epoch_s is not None:
             phases = ", ".join(f"{p} {s * 1000:.0f} ms" for p, s in cost.step_s.items())
-            yield (f"  calibrated: {phases} a step, validation {cost.eval_s:.1f} s -> "
+            yield (f"  calibrated: {phases} a step, {cost.eval_s:.1f} s an epoch beyond its steps "
+                   f"(validation, SWA) -> "
                    f"{cost.epoch_s / 60:.1f} min an epoch, {cost.device_s / 3600:.2f} device-hours")
     at_once, where = trials_at_once(plan, gpus)
     device_s = [c.device_s for c in costs]
