@@ -77,7 +77,7 @@ def measure(callback_cls: type, root: Path, trials: int, epochs: int, rows: int)
     """Epoch results per second recorded by ``callback_cls`` (store creation not timed)."""
     tracker = Tracker(f"sqlite:///{root / 'mlflow.db'}", "bench", root / "artifacts")
     parent = tracker.create_run("parent", {"icr.role": "study"})
-    callback = callback_cls(tracker, parent, _Job(), {"study": "bench"}, {}, epochs)
+    callback = callback_cls(tracker, parent, _Job(), {"study": "bench"}, {}, {"lag": epochs})
     fake = [SimpleNamespace(trial_id=f"t{i}", config={"condition": "lag", "objective.eta": 0.1 * i})
             for i in range(trials)]
     for trial in fake:
