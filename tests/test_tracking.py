@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 
 import pytest
 from mlflow.entities import Metric
@@ -148,7 +149,7 @@ def test_a_copied_workspace_reads_its_own_artifacts(tmp_path, monkeypatch):
     client = MlflowClient(moved.tracking_uri)  # a fresh client, as the UI or a notebook has
     assert [a.path for a in client.list_artifacts(run_id, "report")] == ["report/note.txt"]
     local = client.download_artifacts(run_id, "report/note.txt", str(tmp_path / "out"))
-    assert open(local).read() == "kept"
+    assert Path(local).read_text() == "kept"
     assert client.get_run(run_id).info.artifact_uri.startswith((copy / "mlartifacts").as_uri())
 
 
