@@ -150,7 +150,7 @@ def run_study(
                 session = open_session(plan, run_dir, cluster, resources, fingerprints, backend,
                                        verbose, progress or ProgressOptions(say=say))
                 session.stops = inner
-                say(mlflow_hint(plan))
+                say(mlflow_hint(plan, session.tracker.experiment_id))
                 out = run_phases(session, say)
                 failed = False
                 return out
@@ -159,12 +159,17 @@ def run_study(
                 ray_adapter.disconnect(cluster, keep_logs=failed)
 
 
-def mlflow_hint(plan: StudyPlan) -> str:
+def mlflow_hint(plan: StudyPlan, experiment_id: str = "") -> str:
+    """Where to watch the study. MLflow 3.17's UI follows its GenAI / Model training toggle
+    (default GenAI, remembered by the browser) over the experiment's kind tag, so the link opens
+    the experiment's runs with ``workflowType=machine_learning`` (checked in headless Chromium:
+    ``benchmarks/mlflow_ui_check.py``)."""
     uri = plan.tracking_uri
+    page = f"#/experiments/{experiment_id}/runs?workflowType=machine_learning" if experiment_id else ""
     if uri.startswith("http"):
-        return f"MLflow UI: {uri} (experiment {plan.key})"
+        return f"MLflow UI: {uri.rstrip('/')}/{page} (experiment {plan.key})"
     return (f"MLflow UI: `.venv/bin/mlflow ui --backend-store-uri {uri} --host 127.0.0.1 "
-            f"--port 5000`, then http://127.0.0.1:5000 (experiment {plan.key})")
+            f"--port 5000`, then http://127.0.0.1:5000/{page} (experiment {plan.key})")
 
 
 def open_tracker(plan: StudyPlan) -> Tracker:

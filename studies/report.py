@@ -14,7 +14,8 @@ traceable to a run, and writes ``<workspace>/reports/<key>/``:
 - the declared figures (:mod:`studies.figures`), ``<figure>.png``;
 
 logs them as artifacts of the parent run, puts the first table in the parent run's description and
-the per-condition mean and std of every table cell among its metrics.
+the per-condition mean and std of every table cell among its metrics
+(``report/<condition>/<metric>/mean`` and ``/std``: one chart section in the MLflow UI).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from studies.tables import (
 from studies.tracking import Tracker
 
 DESCRIPTION_TAG = "mlflow.note.content"  # what the MLflow UI shows as a run's description
+SUMMARY_PREFIX = "report"  # the parent run's metrics of the tables' cells: report/<condition>/...
 
 
 def find_parent(tracker: Tracker, parent_id: str | None = None) -> Any:
@@ -167,10 +169,23 @@ def write_table(table: Table, study: Study, runs: RunSet, labels: dict[str, str]
         name = re.sub(r"[^\w\-./: ]", "", row.condition).strip()  # MLflow's metric-name alphabet
         for key, cell in row.cells.items():
             if cell.n and math.isfinite(cell.mean):
-                metrics[f"{name}/{key}/mean"] = cell.mean
+                metrics[summary_metric(name, key, "mean")] = _clean(cell.mean)
                 if cell.n > 1:
-                    metrics[f"{name}/{key}/std"] = cell.std
+                    metrics[summary_metric(name, key, "std")] = _clean(cell.std)
     return markdown, metrics
+
+
+def summary_metric(condition: str, key: str, statistic: str) -> str:
+    """The parent run's metric of one table cell: ``report/lagrangian/test_rsum/mean``. MLflow's
+    UI makes a chart section per name prefix (before the first ``/``), so the report's
+    aggregates form one section, ``report``, beside the trials' own."""
+    return f"{SUMMARY_PREFIX}/{condition}/{key}/{statistic}"
+
+
+def _clean(value: float) -> float:
+    """A mean or std without the summation's last-digit noise (42.79999999999999 -> 42.8), as
+    the MLflow UI shows it; 12 significant digits, far beyond what a score over seeds resolves."""
+    return float(f"{value:.12g}")
 
 
 def build_report(study: Study, tracker: Tracker, out: Path, parent_id: str | None = None,

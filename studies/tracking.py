@@ -20,6 +20,13 @@ What a child run holds (made for comparing trials in the MLflow UI):
   budget_complete, stopped_early and, for a failed run, ``error``: the one-line cause;
 - artifacts: the files of its analyses; tag ``checkpoint``: where Tune keeps its last checkpoint.
 
+The experiment carries MLflow's experiment-kind tag (``mlflow.experimentKind`` =
+``custom_model_development``, what the UI's "Machine learning" choice writes), so MLflow 3's UI
+opens it on its runs, not on the GenAI traces page. Its artifacts live in the workspace
+(``<workspace>/mlartifacts/<experiment>``); MLflow records them by absolute path, so a store
+opened from a moved or copied workspace has its locations pointed at that workspace
+(:func:`relocate_artifacts`).
+
 An epoch is recorded in one transaction (metrics and trajectory together, :func:`insert_metrics`).
 """
 
@@ -36,9 +43,10 @@ from typing import Any
 
 import sqlalchemy
 from mlflow.entities import Metric, Param, RunTag
-from mlflow.store.tracking.dbmodels.models import SqlLatestMetric, SqlMetric
+from mlflow.store.tracking.dbmodels.models import SqlExperiment, SqlLatestMetric, SqlMetric, SqlRun
 from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 from mlflow.tracking import MlflowClient
+from mlflow.utils.file_utils import local_file_uri_to_path as local_path
 from ray.tune import Callback
 from ray.tune.result import AUTO_RESULT_KEYS
 
@@ -52,6 +60,11 @@ MAX_PARAM_CHARS = 500  # MLflow's limit on a param value
 MAX_BATCH = 1000  # MLflow's limit on the metrics of one log_batch call
 RECORD_KEYS = {"trajectory", "artifacts", "final"}  # the EpochReport fields beside its metrics
 CHECKPOINT_DIR = "checkpoint_dir_name"  # set in a Tune result that came with a checkpoint
+# The tag MLflow 3's UI reads to choose an experiment's page (its JS bundle: "Machine learning"
+# opens the runs, "GenAI apps & agents" the traces); an experiment without it is guessed from
+# its content or asks the user, and a new empty one opens on the traces.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
 _NOT_METRICS = set(AUTO_RESULT_KEYS) | {"done", "trial_id", "should_checkpoint", "experiment_tag"}
 
 
@@ -94,18 +107,34 @@ class Tracker:
 
     @property
     def experiment_id(self) -> str:
+        """The study's experiment: created with its kind and its artifacts in the workspace;
+        found again (after a move of the workspace, its artifact locations pointed here)."""
         if self._experiment_id is None:
             found = self.client.get_experiment_by_name(self.experiment)
-            if found is not None:
-                self._experiment_id = found.experiment_id
-            else:
+            if found is None:
                 location = None
                 if self.artifact_root is not None:
                     location = (self.artifact_root / self.experiment).as_uri()
                 self._experiment_id = self.client.create_experiment(
-                    self.experiment, artifact_location=location
-                )
+                    self.experiment, artifact_location=location,
+                    tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
+                return self._experiment_id
+            self._experiment_id = found.experiment_id
+            if EXPERIMENT_KIND_TAG not in found.tags:  # made before the tag was set
+                self.client.set_experiment_tag(found.experiment_id, EXPERIMENT_KIND_TAG,
+                                               EXPERIMENT_KIND)
+            store = self.client._tracking_client.store
+            if self._own_store() and isinstance(store, SqlAlchemyStore):
+                relocate_artifacts(store, self.artifact_root)
         return self._experiment_id
+
+    def _own_store(self) -> bool:
+        """The store is the sqlite file of the workspace that holds the artifact root (a store
+        shared by several workspaces keeps the locations each recorded)."""
+        if self.artifact_root is None or not self.tracking_uri.startswith("sqlite:///"):
+            return False
+        db = Path(self.tracking_uri.removeprefix("sqlite:///"))
+        return db.resolve().parent == self.artifact_root.resolve().parent
 
     def create_run(self, name: str, tags: Mapping[str, str], params: Mapping[str, Any] = ()) -> str:
         run = self.client.create_run(self.experiment_id, run_name=name, tags=dict(tags))
@@ -218,6 +247,42 @@ def insert_metrics(store: SqlAlchemyStore, run_id: str, metrics: list[Metric]) -
                         is_nan=sqlalchemy.bindparam("is_nan")),
                 [{**row, "b_run": row["run_uuid"], "b_key": row["key"]} for row in updates],
             )
+
+
+def relocate_artifacts(store: SqlAlchemyStore, root: Path) -> int:
+    """Point the artifact locations a moved or copied workspace's store recorded at ``root``.
+
+    MLflow turns an experiment's artifact location into an absolute path when it creates the
+    experiment, and a run's artifact URI is that path plus the run's folder, so a copied workspace
+    would read (or miss) the original's files. Every experiment located in a folder
+    ``<old workspace>/mlartifacts/<name>`` other than ``root/<name>`` is moved to
+    ``root/<name>``, its runs with it; locations elsewhere (a shared store, S3) are left alone.
+    Returns how many experiments were moved.
+    """
+    root = root.resolve()
+    moved = 0
+    with store.engine.begin() as conn:
+        experiments = SqlExperiment.__table__
+        runs = SqlRun.__table__
+        for row in conn.execute(sqlalchemy.select(experiments.c.experiment_id,
+                                                  experiments.c.artifact_location)):
+            old = row.artifact_location or ""
+            if not old.startswith("file://"):
+                continue
+            path = Path(local_path(old))
+            if path.parent.name != root.name or path.parent == root:
+                continue
+            new = (root / path.name).as_uri()
+            conn.execute(sqlalchemy.update(experiments)
+                         .where(experiments.c.experiment_id == row.experiment_id)
+                         .values(artifact_location=new))
+            conn.execute(sqlalchemy.update(runs)
+                         .where(runs.c.experiment_id == row.experiment_id,
+                                runs.c.artifact_uri.startswith(old + "/"))
+                         .values(artifact_uri=sqlalchemy.func.replace(runs.c.artifact_uri, old, new)))
+            log.info("artifacts of experiment %s: %s (was %s)", row.experiment_id, new, old)
+            moved += 1
+    return moved
 
 
 def check_store(tracking_uri: str, busy_timeout: float = 30.0) -> None:

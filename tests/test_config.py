@@ -13,6 +13,7 @@ from icr.config import (
     used_keys,
 )
 from icr.errors import ConfigError
+from icr.models.image import IMAGE_ENCODERS
 
 
 def test_defaults_round_trip_exactly():
@@ -128,3 +129,16 @@ def test_paths_the_configuration_uses_must_exist(tmp_path):
     check_paths(from_flat({"decoder.target_model": "/nope"}))
     with pytest.raises(ConfigError, match="decoder.target_model"):
         check_paths(from_flat({"decoder.target_model": "/nope", "decoder.name": "ltd"}))
+
+
+@pytest.mark.parametrize("encoder", IMAGE_ENCODERS.names())
+def test_image_keys_used_per_encoder(encoder):
+    """A run records the image keys its encoder reads, key by key: an encoder of precomputed
+    regions has no backbone to freeze and no pixels to erase, so its runs carry neither
+    ``image.frozen`` nor ``image.random_erasing``; its builder's options name the rest."""
+    pixels = IMAGE_ENCODERS.meta(encoder)["input"] == "pixels"
+    flat = {"image.encoder": encoder, "data.features": "pixels" if pixels else "regions"}
+    used = {k for k in used_keys(from_flat(flat)) if k.startswith("image.")}
+    options = {f"image.{p}" for p in IMAGE_ENCODERS.options(encoder)}
+    pixel_keys = {"image.frozen", "image.random_erasing"}
+    assert used == {"image.encoder"} | options | (pixel_keys if pixels else set())

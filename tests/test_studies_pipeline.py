@@ -159,7 +159,10 @@ def test_fake_study_end_to_end(cluster, tmp_path: Path) -> None:
     assert parent.info.status == "FINISHED"
     assert "BL + LTD, L_lag" in parent.data.tags["mlflow.note.content"]  # the table, as description
     assert parent.data.tags["mlflow.source.git.commit"] == parent.data.tags["git_commit"]
-    assert "lagrangian/test_rsum/mean" in parent.data.metrics
+    assert "report/lagrangian/test_rsum/mean" in parent.data.metrics
+    assert all(k.startswith("report/") for k in parent.data.metrics)  # one chart section
+    experiment = client.get_experiment_by_name("fake")
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"  # opens on runs
 
 
 DRIVER = """

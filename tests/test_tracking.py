@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 
 import pytest
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
-from studies.tracking import Tracker, epoch_metrics, error_line, run_name
+from studies.tracking import (
+    EXPERIMENT_KIND,
+    EXPERIMENT_KIND_TAG,
+    Tracker,
+    epoch_metrics,
+    error_line,
+    run_name,
+)
 
 
 @pytest.fixture()
@@ -99,3 +107,58 @@ def test_a_failed_trial_s_error_is_read_before_tune_copies_it_to_the_storage(tmp
     trial.handle_error(TrainingError("non-finite loss at epoch 2"))
     assert trial.get_error() is None  # not copied to the storage yet
     assert error_line(trial_error(trial)).endswith("non-finite loss at epoch 2")
+
+
+def _workspace_tracker(workspace, name: str = "t") -> Tracker:
+    """A tracker as a study opens it: the workspace's sqlite store, artifacts beside it."""
+    return Tracker(f"sqlite:///{workspace / 'mlflow.db'}", name, workspace / "mlartifacts")
+
+
+def test_the_experiment_opens_on_its_runs_in_mlflow_3(tracker):
+    """MLflow 3's UI opens an experiment tagged custom_model_development on its runs table (and
+    one without the tag on the GenAI traces page); an experiment made before the tag gets it."""
+    experiment = tracker.client.get_experiment(tracker.experiment_id)
+    assert experiment.tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND == "custom_model_development"
+    old = tracker.client.create_experiment("old")
+    assert EXPERIMENT_KIND_TAG not in tracker.client.get_experiment(old).tags
+    reopened = Tracker(tracker.tracking_uri, "old", tracker.artifact_root)
+    assert reopened.experiment_id == old
+    assert tracker.client.get_experiment(old).tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND
+
+
+def test_a_copied_workspace_reads_its_own_artifacts(tmp_path, monkeypatch):
+    """MLflow records artifact locations as absolute paths: a copy of a workspace (its original
+    then removed) must still list and read its runs' artifacts, through MLflow's own client."""
+    import shutil
+
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
+    original = tmp_path / "a" / "ws"
+    original.mkdir(parents=True)
+    tracker = _workspace_tracker(original)
+    run_id = tracker.create_run("r", {})
+    note = tmp_path / "note.txt"
+    note.write_text("kept")
+    tracker.client.log_artifact(run_id, str(note), artifact_path="report")
+    tracker.client.set_terminated(run_id)
+    copy = tmp_path / "b" / "moved"
+    shutil.copytree(original, copy)
+    shutil.rmtree(original)
+
+    moved = _workspace_tracker(copy)
+    assert moved.experiment_id == tracker.experiment_id
+    client = MlflowClient(moved.tracking_uri)  # a fresh client, as the UI or a notebook has
+    assert [a.path for a in client.list_artifacts(run_id, "report")] == ["report/note.txt"]
+    local = client.download_artifacts(run_id, "report/note.txt", str(tmp_path / "out"))
+    assert Path(local).read_text() == "kept"
+    assert client.get_run(run_id).info.artifact_uri.startswith((copy / "mlartifacts").as_uri())
+
+
+def test_a_store_shared_by_workspaces_keeps_each_one_s_locations(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
+    store = f"sqlite:///{tmp_path / 'shared' / 'mlflow.db'}"
+    (tmp_path / "shared").mkdir()
+    first = Tracker(store, "first", tmp_path / "one" / "mlartifacts")
+    location = first.client.get_experiment(first.experiment_id).artifact_location
+    second = Tracker(store, "first", tmp_path / "two" / "mlartifacts")
+    assert second.experiment_id == first.experiment_id
+    assert second.client.get_experiment(first.experiment_id).artifact_location == location

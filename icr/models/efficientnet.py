@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from icr.errors import ConfigError
-from icr.models.image import IMAGE_ENCODERS, ImageEncoder
+from icr.models.image import IMAGE_ENCODERS, PIXEL_READS, ImageEncoder
 
 logger = logging.getLogger(__name__)
 
@@ -280,7 +280,8 @@ def load_lite0_weights(model: EfficientNetLite0, path: Path) -> None:
     logger.info("loaded EfficientNet-Lite0 weights from %s", path)
 
 
-@IMAGE_ENCODERS.register("efficientnet_lite0", input="pixels", normalize=normalize)
+@IMAGE_ENCODERS.register("efficientnet_lite0", input="pixels", normalize=normalize,
+                          reads=PIXEL_READS)
 def efficientnet_lite0(
     *,
     pretrained: bool = True,

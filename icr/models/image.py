@@ -34,7 +34,13 @@ from icr.registry import Registry
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["IMAGE_ENCODERS", "ImageEncoder", "build_image_encoder", "SmallCNN"]
+__all__ = ["IMAGE_ENCODERS", "PIXEL_READS", "ImageEncoder", "build_image_encoder", "SmallCNN"]
+
+# What a run of an encoder of pixels reads beyond its builder's options: the trainer freezes its
+# backbone (``image.frozen``) and the data pipeline erases patches of its training images
+# (``image.random_erasing``). Encoders of precomputed regions have neither, so their runs do not
+# record these keys (:func:`icr.config.used_keys`).
+PIXEL_READS = ("image.frozen", "image.random_erasing")
 
 
 class ImageEncoder(nn.Module):
@@ -182,13 +188,13 @@ def _resnet(
     return ImageEncoder(backbone, output_dim)
 
 
-@IMAGE_ENCODERS.register("resnet50", input="pixels")
+@IMAGE_ENCODERS.register("resnet50", input="pixels", reads=PIXEL_READS)
 def resnet50(*, pretrained: bool = False, weights_path: str | None = None) -> ImageEncoder:
     """ResNet-50 without fc, average-pooled: (B, 3, H, W) -> (B, 2048)."""
     return _resnet("resnet50", torchvision.models.ResNet50_Weights, pretrained, weights_path)
 
 
-@IMAGE_ENCODERS.register("resnet18", input="pixels")
+@IMAGE_ENCODERS.register("resnet18", input="pixels", reads=PIXEL_READS)
 def resnet18(*, pretrained: bool = False, weights_path: str | None = None) -> ImageEncoder:
     """ResNet-18 without fc, average-pooled: (B, 3, H, W) -> (B, 512)."""
     return _resnet("resnet18", torchvision.models.ResNet18_Weights, pretrained, weights_path)
@@ -244,7 +250,7 @@ class SmallCNN(nn.Sequential):
         super().__init__(AddCoords(), *blocks)
 
 
-@IMAGE_ENCODERS.register("small_cnn", input="pixels")
+@IMAGE_ENCODERS.register("small_cnn", input="pixels", reads=PIXEL_READS)
 def small_cnn(
     *,
     output_dim: int = 256,
