@@ -176,16 +176,19 @@ def write_table(table: Table, study: Study, runs: RunSet, labels: dict[str, str]
 
 
 def summary_metric(condition: str, key: str, statistic: str) -> str:
-    """The parent run's metric of one table cell: ``report/lagrangian/test_rsum/mean``. MLflow's
-    UI makes a chart section per name prefix (before the first ``/``), so the report's
-    aggregates form one section, ``report``, beside the trials' own."""
-    return f"{SUMMARY_PREFIX}/{condition}/{key}/{statistic}"
+    """The parent run's metric of one table cell: ``report/lagrangian.test_rsum.mean``. MLflow
+    3.17's UI makes a chart section per name prefix before the *last* ``/`` (seen in headless
+    Chromium, ``benchmarks/mlflow_ui_check.py``), so the name has exactly one: the report's
+    aggregates form one section, ``report``, beside the trials' own (a ``/`` inside a metric's
+    own name, e.g. ``negatives/true_negative``, becomes ``.``)."""
+    return f"{SUMMARY_PREFIX}/{condition}.{key.replace('/', '.')}.{statistic}"
 
 
 def _clean(value: float) -> float:
-    """A mean or std without the summation's last-digit noise (42.79999999999999 -> 42.8), as
-    the MLflow UI shows it; 12 significant digits, far beyond what a score over seeds resolves."""
-    return float(f"{value:.12g}")
+    """A mean or std as the MLflow UI shows it to a reader: 3 decimals (42.79999999999999 ->
+    42.8, 22.8377500339 -> 22.838), already finer than the tables' 1 decimal; the trials' own
+    metrics, from which every aggregate is recomputed, keep full precision."""
+    return round(float(value), 3)
 
 
 def build_report(study: Study, tracker: Tracker, out: Path, parent_id: str | None = None,

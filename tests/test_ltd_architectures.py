@@ -76,7 +76,7 @@ def test_each_architecture_has_its_own_table_and_baseline(arch: str, tmp_path: P
     assert f"| {labels[f'{arch}_lagrangian']} |" in differences
     assert f"| {labels[f'{arch}_contrastive']} |" not in differences
     assert (tmp_path / f"table3_{arch}.tex").is_file()
-    assert all(key.startswith(arch) for key in metrics)
+    assert all(key.startswith(f"report/{arch}_") for key in metrics)
 
 
 @pytest.mark.parametrize("arch", ["vsrn", "tern"])

@@ -159,8 +159,8 @@ def test_fake_study_end_to_end(cluster, tmp_path: Path) -> None:
     assert parent.info.status == "FINISHED"
     assert "BL + LTD, L_lag" in parent.data.tags["mlflow.note.content"]  # the table, as description
     assert parent.data.tags["mlflow.source.git.commit"] == parent.data.tags["git_commit"]
-    assert "report/lagrangian/test_rsum/mean" in parent.data.metrics
-    assert all(k.startswith("report/") for k in parent.data.metrics)  # one chart section
+    assert "report/lagrangian.test_rsum.mean" in parent.data.metrics
+    assert all(k.startswith("report/") and k.count("/") == 1 for k in parent.data.metrics)
     experiment = client.get_experiment_by_name("fake")
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"  # opens on runs
 
