@@ -21,7 +21,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,36 +29,14 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SPACE = """
-space:
-  loss.tau: 0.05
-conditions:
-  lagrangian:
-    objective.eta: {uniform: [0.05, 0.3]}
-"""
-
-
 def fake_workspace(out: Path) -> Path:
     """A workspace with one finished fake study ``fake`` (2 conditions, 3 seeds)."""
-    from dataclasses import replace
-
-    from studies.catalog import Condition, Study
-    from studies.fakes import FakeFit, fake_prepare
-    from studies.ltd_bound import TABLE_1, figure_3
+    from studies.fakes import FakeFit, fake_prepare, fake_study
     from studies.pipeline import Backend
     from studies.run import main
 
     out = out.resolve()
-    (out / "space.yaml").write_text(SPACE)
-    study = Study(
-        name="fake", description="fake study for the UI check", space_file=str(out / "space.yaml"),
-        base={"train.warmup_epochs": 2, "train.finetune_epochs": 2, "eval.test": False},
-        conditions=(Condition("contrastive", "BL", {"objective.name": "contrastive"}),
-                    Condition("lagrangian", "BL + LTD, L_lag",
-                              {"objective.name": "lagrangian", "decoder.name": "ltd"})),
-        budget=4, seeds=3, grace_period=1, reduction_factor=2, max_failures=1, startup_trials=3,
-        tables=(replace(TABLE_1, baseline="contrastive"),), figures=figure_3(),
-    )
+    study = fake_study(out, budget=4)
     workspace = out / "workspace"
     rc = main(["fake", "--workspace", str(workspace)],
               backend=Backend(FakeFit(epoch_seconds=0.05), fake_prepare),
@@ -67,12 +44,6 @@ def fake_workspace(out: Path) -> Path:
     if rc != 0:
         raise SystemExit(f"the fake study failed (exit {rc})")
     return workspace
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_until_up(url: str, process: subprocess.Popen, timeout: float = 120.0) -> None:
@@ -132,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     client = MlflowClient(store)
     experiment = client.get_experiment_by_name(args.experiment)
     parent = client.search_runs([experiment.experiment_id], "tags.`icr.role` = 'study'")[0]
+    from studies.ray_adapter import free_port
+
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     server = subprocess.Popen([str(mlflow), "ui", "--backend-store-uri", store, "--host",

@@ -170,3 +170,38 @@ def _logged_terms(config: ExperimentConfig) -> tuple[bool, bool]:
     multiplier = "lambda" in build_objective(config.objective).metrics()
     decoder = build_decoder(config, vocab_size=8, target_dim=4) is not None
     return multiplier, decoder
+
+
+FAKE_SPACE = """
+space:
+  loss.tau: 0.05
+conditions:
+  lagrangian:
+    objective.eta: {uniform: [0.05, 0.3]}
+"""
+
+
+def fake_study(folder: Path, budget: int = 6,
+               conditions: tuple[str, ...] = ("contrastive", "lagrangian")) -> Any:
+    """A small ltd_bound-like :class:`~studies.catalog.Study` named ``fake`` for the fake fit:
+    its space file written into ``folder``, eta searched in ``lagrangian``, 3 seeds, ASHA at
+    reduction 2; the first condition is the table's baseline."""
+    from dataclasses import replace
+
+    from studies.catalog import Condition, Study
+    from studies.ltd_bound import TABLE_1, figure_3
+
+    (folder / "space.yaml").write_text(FAKE_SPACE)
+    known = {
+        "contrastive": Condition("contrastive", "BL", {"objective.name": "contrastive"}),
+        "lagrangian": Condition("lagrangian", "BL + LTD, L_lag",
+                                {"objective.name": "lagrangian", "decoder.name": "ltd"}),
+    }
+    return Study(
+        name="fake", description="fake study", space_file=str(folder / "space.yaml"),
+        base={"train.warmup_epochs": 2, "train.finetune_epochs": 2, "eval.test": False},
+        conditions=tuple(known[c] for c in conditions), budget=budget, seeds=3,
+        grace_period=1, reduction_factor=2, max_failures=1, startup_trials=3,
+        tables=(replace(TABLE_1, baseline=conditions[0]),), figures=figure_3(),
+    )
+

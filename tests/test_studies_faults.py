@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 import ray
-from test_studies_pipeline import fake_study as pipeline_study
 
 from icr.errors import UserError
 from studies import processes, ray_adapter
 from studies.fakes import FakeFit, fake_prepare
+from studies.fakes import fake_study as pipeline_study
 from studies.pipeline import Backend
 from studies.run import main
 from studies.session import DriverLock

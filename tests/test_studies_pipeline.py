@@ -23,22 +23,12 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from icr.config import key_specs
-from studies.catalog import Condition, Recipe, Study
-from studies.fakes import FakeFit, fake_prepare
-from studies.ltd_bound import TABLE_1, figure_3
+from studies.catalog import Recipe, Study
+from studies.fakes import FakeFit, fake_prepare, fake_study
 from studies.pipeline import Backend
 from studies.run import main
 
 ROOT = Path(__file__).resolve().parent.parent
-SPACE = """
-space:
-  loss.tau: 0.05
-conditions:
-  lagrangian:
-    objective.eta: {uniform: [0.05, 0.3]}
-"""
-
-
 @pytest.fixture(scope="module")
 def cluster():
     from studies import ray_adapter
@@ -48,22 +38,6 @@ def cluster():
     info = ray_adapter.connect(num_cpus=2, dashboard=False)
     yield info
     ray_adapter.disconnect(info)
-
-
-def fake_study(tmp_path: Path, budget: int = 6, conditions: tuple[str, ...] = ("contrastive", "lagrangian")) -> Study:
-    (tmp_path / "space.yaml").write_text(SPACE)
-    known = {
-        "contrastive": Condition("contrastive", "BL", {"objective.name": "contrastive"}),
-        "lagrangian": Condition("lagrangian", "BL + LTD, L_lag",
-                                {"objective.name": "lagrangian", "decoder.name": "ltd"}),
-    }
-    return Study(
-        name="fake", description="fake study", space_file=str(tmp_path / "space.yaml"),
-        base={"train.warmup_epochs": 2, "train.finetune_epochs": 2, "eval.test": False},
-        conditions=tuple(known[c] for c in conditions), budget=budget, seeds=3,
-        grace_period=1, reduction_factor=2, max_failures=1, startup_trials=3,
-        tables=(replace(TABLE_1, baseline=conditions[0]),), figures=figure_3(),
-    )
 
 
 def child_runs(workspace: Path, experiment: str = "fake") -> pd.DataFrame:
