@@ -50,19 +50,19 @@ BATCH = 128  # the papers' batch size (LTD, metric-learning losses, VSE+2AD; LTD
 def arch_config(name: str) -> dict[str, Any]:
     """The flat overrides of architecture ``name``: its study's recipe (see the docstring)."""
     if name == "ltd_bound":
-        from studies.ltd_bound import BASE, LAGRANGIAN
+        from studies.papers.ltd_bound import BASE, LAGRANGIAN
 
         return {**BASE, **LAGRANGIAN.overrides, "objective.eta": 0.2}
     if name in ("vsepp", "vsrn"):
-        from studies.loss_functions import ARCHITECTURES, BASE, LOSSES
+        from studies.papers.loss_functions import ARCHITECTURES, BASE, LOSSES
 
         return {**BASE, **ARCHITECTURES[name][1], **LOSSES["triplet_sh"][1]}
     if name in ("adpool", "gpo"):
-        from studies.pooling_objective import BASE, OBJECTIVES
+        from studies.papers.pooling_objective import BASE, OBJECTIVES
 
         return {**BASE, "image.pooling": name, "text.pooling": name, **OBJECTIVES["adopt"][1]}
     if name == "tern":
-        from studies.ltd_architectures import COMMON, OBJECTIVES, TERN
+        from studies.papers.ltd_architectures import COMMON, OBJECTIVES, TERN
 
         return {**COMMON, **TERN, **OBJECTIVES["lagrangian"][1], "objective.eta": 0.2}
     raise ValueError(f"unknown architecture {name!r}; choose from {', '.join(ARCHS)}")

@@ -2,7 +2,7 @@
 
 ``python benchmarks/mlflow_ui_check.py OUT [--workspace WS] [--experiment NAME]``
 
-Without ``--workspace`` it first runs a small fake study (``studies.fakes``: the platform's whole
+Without ``--workspace`` it first runs a small fake study (``tests/fakes.py``: the platform's whole
 pipeline, Ray, Optuna, MLflow and the report, with a fake ``fit``) into ``OUT/workspace``. It then
 starts ``mlflow ui`` on 127.0.0.1 at a free port on the workspace's store, opens the experiment's
 page and the parent run's page in headless Chromium, saves screenshots (``OUT/*.png``) and the
@@ -28,18 +28,22 @@ import time
 import urllib.request
 from pathlib import Path
 
+import testfakes  # benchmarks/testfakes.py: the platform's test fakes
+
 ROOT = Path(__file__).resolve().parent.parent
+
+
 def fake_workspace(out: Path) -> Path:
     """A workspace with one finished fake study ``fake`` (2 conditions, 3 seeds)."""
-    from studies.fakes import FakeFit, fake_prepare, fake_study
     from studies.pipeline import Backend
     from studies.run import main
 
+    fakes = testfakes.load()
     out = out.resolve()
-    study = fake_study(out, budget=4)
+    study = fakes.fake_study(out, budget=4)
     workspace = out / "workspace"
     rc = main(["fake", "--workspace", str(workspace)],
-              backend=Backend(FakeFit(epoch_seconds=0.05), fake_prepare),
+              backend=Backend(fakes.FakeFit(epoch_seconds=0.05), fakes.fake_prepare),
               extra_studies={"fake": study})
     if rc != 0:
         raise SystemExit(f"the fake study failed (exit {rc})")
@@ -103,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     client = MlflowClient(store)
     experiment = client.get_experiment_by_name(args.experiment)
     parent = client.search_runs([experiment.experiment_id], "tags.`icr.role` = 'study'")[0]
-    from studies.ray_adapter import free_port
+    from studies.launcher import free_port
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"

@@ -21,7 +21,7 @@ import time
 
 from ray import tune
 
-from studies import ray_adapter
+from studies import connection
 from studies.catalog import get_study
 from studies.pipeline import Backend, open_session, prepare_data, set_quiet_environment
 from studies.plan import Options, StudyPlan
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     run_dir = plan.state_root / f"search-efficiency-{time.strftime('%Y%m%d-%H%M%S')}"
     with DriverLock(plan.workspace.root, plan.key):
         fingerprints = prepare_data(plan, Backend(), print)
-        cluster = ray_adapter.connect(dashboard=False)
+        cluster = connection.connect(dashboard=False)
         try:
             resources = cluster.trial_resources()
             session = open_session(plan, run_dir, cluster, resources, fingerprints, Backend(), 0)
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
             grid_s = time.perf_counter() - start
             session.tracker.finish(session.parent_id)
         finally:
-            ray_adapter.disconnect(cluster)
+            connection.disconnect(cluster)
     report(summarize(searched, plan.max_epochs), summarize(grid, plan.max_epochs), plan,
            search_s, grid_s, len(searched))
 

@@ -37,10 +37,10 @@ def in_process_epochs(config, workspace) -> list[float]:
 def ray_epochs(flat: dict, workspace, cpus: int) -> tuple[list[float], float]:
     from ray import tune
 
-    from studies import ray_adapter
+    from studies import connection
     from studies.trainable import TrialJob, run_trial
 
-    cluster = ray_adapter.connect(num_cpus=cpus, dashboard=False)
+    cluster = connection.connect(num_cpus=cpus, dashboard=False)
     try:
         job = TrialJob("ltd_bound", "search", str(workspace.root), {"bench": flat})
         trainable = tune.with_resources(tune.with_parameters(run_trial, job=job), {"cpu": cpus})
@@ -53,7 +53,7 @@ def ray_epochs(flat: dict, workspace, cpus: int) -> tuple[list[float], float]:
         frame = grid[0].metrics_dataframe
         return list(frame["time_this_iter_s"]), wall
     finally:
-        ray_adapter.disconnect(cluster)
+        connection.disconnect(cluster)
 
 
 def main() -> None:

@@ -5,8 +5,8 @@ rows of its tables, each a set of fixed overrides), the metric and mode, the ASH
 budget of trials per condition, the searcher's quasi-random start, the number of fresh seeds of the
 confirmation runs, and what its report holds: tables (:mod:`studies.tables`), figures
 (:mod:`studies.figures`) and analyses (run in each confirmation run on its best checkpoint, see
-:mod:`icr.analysis`). Each ``studies/<name>.py`` defines ``STUDY = Study(...)``; this module finds
-them, so a new paper's study is one new module.
+:mod:`icr.analysis`). Each module of :mod:`studies.papers` that defines ``STUDY = Study(...)`` is a
+study; this module finds them by scanning that package, so a new paper's study is one new module.
 """
 
 from __future__ import annotations
@@ -176,8 +176,8 @@ def space_path(space_file: str) -> Path:
 
 
 def _declares_a_study(path: Path) -> bool:
-    """The module's source assigns ``STUDY`` at top level (read, not imported: the platform's
-    own modules import Ray and MLflow, which ``--list`` and ``--keys`` must not)."""
+    """The module's source assigns ``STUDY`` at top level (read before importing, so that a
+    helper module of the package is never imported for nothing)."""
     try:
         return re.search(r"^STUDY\s*[:=]", path.read_text(encoding="utf-8"), re.M) is not None
     except OSError:
@@ -185,15 +185,15 @@ def _declares_a_study(path: Path) -> bool:
 
 
 def all_studies() -> dict[str, Study]:
-    """Every study of the ``studies`` package by name: each module that declares ``STUDY``,
+    """Every study of :mod:`studies.papers` by name: each module that declares ``STUDY``,
     found by scanning the package's sources and imported (only those are)."""
-    import studies
+    from studies import papers
 
     found: dict[str, Study] = {}
-    for info in sorted(pkgutil.iter_modules(studies.__path__), key=lambda m: m.name):
+    for info in sorted(pkgutil.iter_modules(papers.__path__), key=lambda m: m.name):
         if not _declares_a_study(Path(info.module_finder.path) / f"{info.name}.py"):
             continue
-        study = getattr(importlib.import_module(f"studies.{info.name}"), "STUDY", None)
+        study = getattr(importlib.import_module(f"{papers.__name__}.{info.name}"), "STUDY", None)
         if not isinstance(study, Study):
             continue
         if study.name in found:

@@ -6,46 +6,92 @@ models (REFERENCE_NOTES section 3). Here the members are a condition's finished 
 (:func:`icr.ensemble.evaluate_ensemble`) and scored with every retrieval metric, and the result is
 logged as its own MLflow child run (phase ``ensemble``) whose tags name its members, so the
 table's ensemble row is traceable like every other.
+
+The members' checkpoints are read where Tune keeps them (the ``checkpoint`` tag of each run: a
+local folder, or an ``s3://`` / ``gs://`` URI) through Tune's ``Checkpoint``, which downloads a
+remote one. A study running on Ray evaluates its ensemble as a Ray task
+(:func:`ray_evaluator`): on the driver's node when the checkpoints are on its disk, anywhere in
+the cluster (on a GPU when it has GPUs) when they are on shared storage. A report rebuilt without
+Ray (``python -m studies.report``) evaluates it in-process.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import torch
-
-from icr.ensemble import evaluate_ensemble
-from icr.train import load_run
 from icr.workspace import Workspace
 from studies.runs import RunSet
 from studies.tracking import PARENT_TAG, Tracker
 
+# Evaluates the members (their checkpoints' locations) in a workspace: test metrics.
+Evaluator = Callable[[Sequence[str], str], dict[str, float]]
+
+
+def evaluate_members(checkpoints: Sequence[str], workspace: str) -> dict[str, float]:
+    """The test metrics of the models at ``checkpoints`` as one ensemble (their test similarity
+    matrices averaged), each read through Tune's ``Checkpoint`` (a remote one is downloaded)."""
+    import torch
+    from ray import tune
+
+    from icr.ensemble import evaluate_ensemble
+    from icr.train import load_run
+
+    root = Workspace.resolve(workspace)
+    embeddings, task = [], None
+    for location in checkpoints:
+        with contextlib.ExitStack() as stack:
+            folder = stack.enter_context(tune.Checkpoint(location).as_directory())
+            task = load_run(Path(folder), workspace=root)
+            with torch.no_grad():
+                embeddings.append(task.embed_split("test"))
+    data = task.data
+    assets = data.eval_assets["test"]
+    return evaluate_ensemble(
+        embeddings, torch.as_tensor(data.splits["test"].caption_image),
+        relevance=assets.relevance, extended_i2t=assets.extended_i2t,
+        extended_t2i=assets.extended_t2i,
+    )
+
+
+def ray_evaluator(storage: str, gpus: int) -> Evaluator:
+    """:func:`evaluate_members` as a Ray task, with one GPU when the cluster has GPUs. Tune
+    storage on a local path (``storage``) puts it on the driver's node when that node can run it
+    (the path is on its disk; on a multi-host cluster it is a shared file system that every node
+    mounts, :func:`studies.storage.check_storage`); on S3 or GCS Ray places it anywhere."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    options: dict = {"num_cpus": 1, "num_gpus": 1 if gpus else 0}
+    if "://" not in storage:
+        options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
+            ray.get_runtime_context().get_node_id(), soft=True)
+    task = ray.remote(evaluate_members).options(**options)
+
+    def evaluate(checkpoints: Sequence[str], workspace: str) -> dict[str, float]:
+        return ray.get(task.remote(list(checkpoints), workspace))
+
+    return evaluate
+
 
 def ensemble_of(
     runs: RunSet, condition: str, tracker: Tracker, parent_id: str, workspace: Workspace,
+    evaluate: Evaluator = evaluate_members,
 ) -> dict[str, float] | None:
     """The test metrics of ``condition``'s confirmation runs as one ensemble (logged once)."""
     done = runs.where(phase="ensemble", condition=condition, status="FINISHED")
     if not done.empty:  # a rebuilt report reuses the ensemble run
         return {k[5:]: v for k, v in done.iloc[0].items() if str(k).startswith("test_")}
     members = runs.where(phase="confirm", status="FINISHED", condition=condition)
-    paths = [Path(p) for p in members.get("checkpoint", []) if isinstance(p, str) and p]
-    if len(paths) < 2 or not all(p.is_dir() for p in paths):
-        return None  # fewer than two members, or checkpoints on remote storage
-    tasks = [load_run(path, workspace=workspace) for path in paths]
-    with torch.no_grad():
-        embeddings = [task.embed_split("test") for task in tasks]
-    data = tasks[0].data
-    assets = data.eval_assets["test"]
-    metrics = evaluate_ensemble(
-        embeddings, torch.as_tensor(data.splits["test"].caption_image),
-        relevance=assets.relevance, extended_i2t=assets.extended_i2t,
-        extended_t2i=assets.extended_t2i,
-    )
+    checkpoints = [p for p in members.get("checkpoint", []) if isinstance(p, str) and p]
+    if len(checkpoints) < 2:
+        return None
+    metrics = evaluate(checkpoints, str(workspace.root))
     tags = {PARENT_TAG: parent_id, "phase": "ensemble", "condition": condition,
             "icr.role": "ensemble", "members": ",".join(members["run_id"]),
             "member_seeds": ",".join(str(s) for s in members["seed"])}
-    run_id = tracker.create_run(f"{condition} ensemble of {len(paths)}", tags)
+    run_id = tracker.create_run(f"{condition} ensemble of {len(checkpoints)}", tags)
     tracker.log_metrics(run_id, {f"test_{k}": v for k, v in metrics.items()}, step=0)
     tracker.finish(run_id)
     return metrics

@@ -219,7 +219,7 @@ def _timed_steps(task: Any) -> list[float]:
 
 def trials_at_once(plan: StudyPlan, gpus: int | None = None) -> tuple[int, str]:
     """Trials the study runs at once here (or on a cluster of ``gpus`` GPUs): one per GPU, else
-    one per CPU slot, as :meth:`studies.ray_adapter.Cluster.concurrency` decides."""
+    one per CPU slot, as :meth:`studies.connection.Cluster.concurrency` decides."""
     if gpus is None:
         import torch
         gpus = torch.cuda.device_count()

@@ -19,11 +19,13 @@ from icr.config import ExperimentConfig, key_specs, to_flat, used_keys
 from icr.errors import ConfigError
 from icr.train.tasks import Prepared, check_fits
 from icr.workspace import Workspace
-from studies import ray_adapter
+from studies import connection
+from studies.ensembles import ray_evaluator
 from studies.environment import set_quiet_environment
 from studies.plan import ConditionPlan, StudyPlan
 from studies.processes import stop_signals_as_ctrl_c
 from studies.progress import ProgressOptions, say_now
+from studies.records import stop_recorded_instance
 from studies.report import build_report
 from studies.select import Winner, select_winner, summary
 from studies.session import (
@@ -34,7 +36,9 @@ from studies.session import (
     read_state,
     write_state,
 )
-from studies.tracking import Tracker, check_store, git_commit, run_name
+from studies.storage import check_storage
+from studies.tracking import Tracker, check_store, git_commit
+from studies.trials import run_name
 from studies.tuning import confirm, search
 
 log = logging.getLogger(__name__)
@@ -130,23 +134,23 @@ def run_study(
     if resume and not fresh and find_unfinished(plan.state_root) is None:  # before writing a lock
         raise ConfigError(f"nothing to resume: study {plan.key} has no unfinished run in {plan.state_root}")
     if plan.address:
-        ray_adapter.reachable_gcs(plan.address)  # fails in seconds, before anything is written
+        connection.reachable_gcs(plan.address)  # fails in seconds, before anything is written
     with stop_signals_as_ctrl_c() as stops, DriverLock(plan.workspace.root, plan.key):
         run_dir = choose_run_dir(plan, resume, fresh, say)
         # A driver killed earlier may have left its private Ray instance: stop exactly that one.
         record = plan.workspace.root / "locks" / f"{plan.key}.ray.json"
-        ray_adapter.stop_recorded_instance(record)
+        stop_recorded_instance(record)
         check_store(plan.tracking_uri)
         fingerprints = prepare_data(plan, backend, say)
-        cluster = ray_adapter.connect(plan.address, dashboard=plan.dashboard, record=record)
+        cluster = connection.connect(plan.address, dashboard=plan.dashboard, record=record)
         failed = True
         try:
             stops.check()  # a KeyboardInterrupt raised while Ray started can be lost
             with stop_signals_as_ctrl_c() as inner:
-                ray_adapter.check_storage(plan.storage_root, cluster.nodes, hosts=cluster.hosts)
+                check_storage(plan.storage_root, cluster.nodes, hosts=cluster.hosts)
                 resources = cluster.trial_resources(plan.cpus_per_trial)
                 say(cluster.describe(resources))
-                say(ray_adapter.dashboard_hint(cluster))
+                say(connection.dashboard_hint(cluster))
                 session = open_session(plan, run_dir, cluster, resources, fingerprints, backend,
                                        verbose, progress or ProgressOptions(say=say))
                 session.stops = inner
@@ -156,7 +160,7 @@ def run_study(
                 return out
         finally:
             if cluster.started_here:
-                ray_adapter.disconnect(cluster, keep_logs=failed)
+                connection.disconnect(cluster, keep_logs=failed)
 
 
 def mlflow_hint(plan: StudyPlan, experiment_id: str = "") -> str:
@@ -185,7 +189,7 @@ def open_tracker(plan: StudyPlan) -> Tracker:
 
 
 def open_session(
-    plan: StudyPlan, run_dir: Path, cluster: ray_adapter.Cluster, resources: dict[str, float],
+    plan: StudyPlan, run_dir: Path, cluster: connection.Cluster, resources: dict[str, float],
     fingerprints: dict[str, str], backend: Backend, verbose: int,
     progress: ProgressOptions | None = None,
 ) -> Session:
@@ -244,11 +248,11 @@ def run_phases(session: Session, say: Callable[[str], None]) -> Path:
         say(f"confirm: {len(winners)} winner(s) x {len(plan.seeds)} seed(s), evaluated on test")
         records = confirm(session, winners)
         for record in (r for r in records if r.error):
-            say(f"  confirmation run {record.condition} seed {record.config['train.seed']} "
+            say(f"  confirmation run {record.condition} seed {record.spec.seed} "
                 f"failed: {record.error}")
         session.save_state(phase="report")
     out = build_report(plan.study, session.tracker, plan.report_dir, session.parent_id,
-                       plan.workspace)
+                       plan.workspace, ray_evaluator(plan.storage_root, session.cluster.gpus))
     session.tracker.finish(session.parent_id, "FINISHED")
     session.save_state(phase="done")
     say(f"report: {out}")

@@ -241,7 +241,7 @@ def _conditions(study: Study, options: Options, recipe: Recipe) -> tuple[Conditi
         if clash:
             raise ConfigError(
                 f"{space.path}: {sorted(clash)[0]} is searched but condition "
-                f"{condition.name} fixes it in studies/{study.name}.py"
+                f"{condition.name} fixes it in studies/papers/{study.name}.py"
             )
         flat = {**recipe.overrides, **section.fixed, **condition.overrides,
                 **recipe.conditions.get(condition.name, {}), **user}

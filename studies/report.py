@@ -34,6 +34,7 @@ import pandas as pd
 from icr.errors import UserError
 from icr.workspace import Workspace
 from studies.catalog import Study, get_study
+from studies.ensembles import Evaluator
 from studies.figures import render
 from studies.runs import RunSet, load_runs
 from studies.tables import (
@@ -80,18 +81,19 @@ def _fmt(value: Any) -> str:
 
 
 def add_ensemble(study: Study, runs: RunSet, tracker: Tracker, parent_id: str,
-                 workspace: Workspace) -> bool:
+                 workspace: Workspace, evaluate: Evaluator | None = None) -> bool:
     """Evaluate the best condition (the mean test value of the study's metric, e.g. test_rsum)
-    as an ensemble of its seeds; True if logged."""
+    as an ensemble of its seeds (``evaluate``: where; in-process by default); True if logged."""
     metric = "test_" + study.metric.removeprefix("val_")
     finished = runs.finished("confirm")
     if finished.empty or metric not in finished:
         return False
     means = finished.groupby("condition")[metric].mean()
     best = means.idxmax() if study.mode == "max" else means.idxmin()
-    from studies.ensembles import ensemble_of
+    from studies.ensembles import ensemble_of, evaluate_members
 
-    return ensemble_of(runs, best, tracker, parent_id, workspace) is not None
+    return ensemble_of(runs, best, tracker, parent_id, workspace,
+                       evaluate or evaluate_members) is not None
 
 
 def failure_notes(study: Study, runs: RunSet) -> list[str]:
@@ -192,14 +194,17 @@ def _clean(value: float) -> float:
 
 
 def build_report(study: Study, tracker: Tracker, out: Path, parent_id: str | None = None,
-                 workspace: Workspace | None = None) -> Path:
-    """Write the report of the study's latest (or the given) parent run; log it to MLflow."""
+                 workspace: Workspace | None = None, evaluate: Evaluator | None = None) -> Path:
+    """Write the report of the study's latest (or the given) parent run; log it to MLflow.
+
+    ``evaluate``: where an ensemble row's members are evaluated (:mod:`studies.ensembles`: a Ray
+    task during a study, in-process by default)."""
     parent = find_parent(tracker, parent_id)
     runs = load_runs(tracker, parent.info.run_id)
     if runs.frame.empty:
         raise UserError(f"the study run {parent.info.run_id} has no trial yet")
-    if study.ensemble and workspace is not None and add_ensemble(study, runs, tracker,
-                                                                 parent.info.run_id, workspace):
+    if study.ensemble and workspace is not None and add_ensemble(
+            study, runs, tracker, parent.info.run_id, workspace, evaluate):
         runs = load_runs(tracker, parent.info.run_id)
     tags = parent.data.tags
     searched = {c.name: [k for k in tags.get(f"searched.{c.name}", "").split(",") if k]

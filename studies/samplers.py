@@ -22,7 +22,7 @@ from optuna.distributions import (
     FloatDistribution,
     IntDistribution,
 )
-from optuna.samplers import BaseSampler, GridSampler, TPESampler
+from optuna.samplers import BaseSampler, TPESampler
 from optuna.study import Study
 from optuna.trial import FrozenTrial
 from scipy.stats import qmc
@@ -101,15 +101,3 @@ class SpreadThenTPESampler(BaseSampler):
 
     def reseed_rng(self) -> None:
         self._tpe.reseed_rng()
-
-
-class GridOnceSampler(GridSampler):
-    """Optuna's GridSampler for a search that Tune ends: every point once, in a seeded order.
-
-    GridSampler stops its study when the grid is exhausted (``study.stop()``), which Optuna
-    allows only inside ``Study.optimize``; Ray Tune drives Optuna with ``ask``/``tell`` and ends
-    the search itself after ``num_samples`` trials (the grid's size), so that stop is left out.
-    """
-
-    def after_trial(self, study: Study, trial: FrozenTrial, state: Any, values: Any) -> None:
-        return None

@@ -44,8 +44,7 @@ def select_winner(
         return None
     sign = 1.0 if mode == "max" else -1.0
     best = max(sorted(eligible, key=lambda r: r.trial_id), key=lambda r: sign * r.metrics[metric])
-    sampled = {k: v for k, v in best.config.items() if "." in k}
-    return Winner(best.condition, best.trial_id, float(best.metrics[metric]), sampled)
+    return Winner(best.condition, best.trial_id, float(best.metrics[metric]), dict(best.spec.values))
 
 
 def _finite(value: Any) -> bool:

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from icr.errors import UserError
+from studies.connection import Cluster
 from studies.plan import StudyPlan
 from studies.progress import ProgressOptions
-from studies.ray_adapter import Cluster
 from studies.signals import Interrupted, StopSignals
 from studies.tracking import Tracker
 

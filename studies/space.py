@@ -170,23 +170,48 @@ class ConditionalSpace:
     first; every other domain is sampled only when the configuration chosen so far uses its key
     (:func:`icr.config.used_keys`): a trial that draws ``loss.name=triplet`` draws ``loss.margin``
     and no ``loss.tau``, so it records no ``loss.tau`` and the searcher learns nothing false about
-    it. A space without choices is sampled as it is.
+    it. Which keys each combination of component choices uses is worked out once, when the space
+    is made (on the driver); Optuna calls the space once per trial, and then it only samples.
     """
 
     base: Mapping[str, Any]  # the condition's flat overrides
     domains: tuple[Domain, ...]
+    order: tuple[Domain, ...] = field(init=False)  # component choices first
+    components: frozenset[str] = field(init=False)  # the keys that choose a component
+    # component choices drawn so far -> the keys the configuration then uses
+    used: Mapping[tuple[tuple[str, Any], ...], frozenset[str]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        specs = key_specs()
+        order = tuple(sorted(self.domains, key=lambda d: specs[d.key].registry is None))
+        components = [d for d in order if specs[d.key].registry is not None]
+        used: dict[tuple[tuple[str, Any], ...], frozenset[str]] = {}
+
+        def visit(i: int, drawn: dict[str, Any]) -> None:
+            # the keys used once the components before i are drawn as in ``drawn``
+            keys = used[tuple(drawn.items())] = frozenset(used_keys(from_flat({**self.base, **drawn})))
+            if i == len(components):
+                return
+            domain = components[i]
+            if domain.key not in keys:  # not drawn by this configuration
+                visit(i + 1, drawn)
+                return
+            for value in domain.values:
+                visit(i + 1, {**drawn, domain.key: value})
+
+        visit(0, {})
+        object.__setattr__(self, "order", order)
+        object.__setattr__(self, "components", frozenset(d.key for d in components))
+        object.__setattr__(self, "used", used)
 
     def __call__(self, trial: Any) -> None:
-        specs = key_specs()
-        ordered = sorted(self.domains, key=lambda d: specs[d.key].registry is None)
-        values: dict[str, Any] = {}
-        used = set(used_keys(from_flat(self.base)))
-        for domain in ordered:
-            if domain.key not in used:
+        drawn: dict[str, Any] = {}  # the component choices drawn so far
+        for domain in self.order:
+            if domain.key not in self.used[tuple(drawn.items())]:
                 continue
-            values[domain.key] = suggest(trial, domain)
-            if specs[domain.key].registry is not None:
-                used = set(used_keys(from_flat({**self.base, **values})))
+            value = suggest(trial, domain)
+            if domain.key in self.components:
+                drawn[domain.key] = value
 
 
 def suggest(trial: Any, domain: Domain) -> Any:

@@ -48,9 +48,10 @@ from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 from mlflow.tracking import MlflowClient
 from mlflow.utils.file_utils import local_file_uri_to_path as local_path
 from ray.tune import Callback
-from ray.tune.result import AUTO_RESULT_KEYS
 
 from icr.errors import UserError
+from studies.frameworks.tune import BOOKKEEPING, CHECKPOINT_DIR, trial_error
+from studies.trials import spec_of
 
 log = logging.getLogger(__name__)
 
@@ -59,13 +60,11 @@ PARENT_TAG = "mlflow.parentRunId"
 MAX_PARAM_CHARS = 500  # MLflow's limit on a param value
 MAX_BATCH = 1000  # MLflow's limit on the metrics of one log_batch call
 RECORD_KEYS = {"trajectory", "artifacts", "final"}  # the EpochReport fields beside its metrics
-CHECKPOINT_DIR = "checkpoint_dir_name"  # set in a Tune result that came with a checkpoint
 # The tag MLflow 3's UI reads to choose an experiment's page (its JS bundle: "Machine learning"
 # opens the runs, "GenAI apps & agents" the traces); an experiment without it is guessed from
 # its content or asks the user, and a new empty one opens on the traces.
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
-_NOT_METRICS = set(AUTO_RESULT_KEYS) | {"done", "trial_id", "should_checkpoint", "experiment_tag"}
 
 
 def git_commit(root: Path = PROJECT_ROOT) -> str:
@@ -324,7 +323,7 @@ def numeric_metrics(result: Mapping[str, Any]) -> dict[str, float]:
     """The metrics a trial reported (Tune's bookkeeping keys and non-numbers left out)."""
     return {
         k: float(v) for k, v in result.items()
-        if k not in _NOT_METRICS and k not in RECORD_KEYS
+        if k not in BOOKKEEPING and k not in RECORD_KEYS
         and isinstance(v, (int, float)) and not isinstance(v, bool)
     }
 
@@ -362,37 +361,23 @@ def error_line(error: BaseException | str | None) -> str:
     return text[:MAX_PARAM_CHARS]
 
 
-def trial_error(trial: Any) -> str | None:
-    """The text of a failed trial's errors, read where Tune wrote it.
-
-    Tune writes a trial's error file into the driver's staging folder (``trial.error_file``) and
-    copies it to the storage in the background; ``Trial.get_error`` reads the storage copy, which
-    a callback called right after the failure may not find yet (seen under load: the run's tag
-    said the trial had failed without an error while the next callback read the cause).
-    """
-    path = getattr(trial, "error_file", None)
-    if path and Path(path).is_file():
-        return Path(path).read_text()
-    return trial.get_error()
-
-
-def run_name(condition: str, sampled: Mapping[str, Any]) -> str:
-    """``lagrangian eta=0.112`` / ``dual seed=1001``: the condition and what the trial chose."""
-    values = " ".join(f"{k.split('.')[-1]}={v:.3g}" if isinstance(v, float)
-                      else f"{k.split('.')[-1]}={v}" for k, v in sampled.items())
-    return f"{condition} {values}".strip()
+def checkpoint_location(checkpoint: Any) -> str:
+    """Where a Tune checkpoint is, as ``tune.Checkpoint(location)`` reads it on any node (the
+    ``checkpoint`` tag of a run, for ensembles and analyses): its folder on a local or shared
+    file system, else its URI (``s3://bucket/...``, ``gcs://bucket/...``)."""
+    kind = checkpoint.filesystem.type_name
+    return checkpoint.path if kind == "local" else f"{kind}://{checkpoint.path}"
 
 
 class MlflowTrialCallback(Callback):
     """Records every trial of a Tuner as a child run of the study's parent run."""
 
     def __init__(
-        self, tracker: Tracker, parent_id: str, job: Any, tags: Mapping[str, str],
+        self, tracker: Tracker, parent_id: str, tags: Mapping[str, str],
         fingerprints: Mapping[str, str], max_epochs: Mapping[str, int],
     ) -> None:
         self.tracker = tracker
         self.parent_id = parent_id
-        self.job = job  # studies.trainable.TrialJob: turns a trial config into recorded params
         self.tags = dict(tags)
         self.fingerprints = dict(fingerprints)
         self.max_epochs = dict(max_epochs)  # per condition: a trial's full budget in epochs
@@ -404,16 +389,14 @@ class MlflowTrialCallback(Callback):
 
     def run_id(self, trial: Any) -> str:
         if trial.trial_id not in self._runs:
-            condition = trial.config["condition"]
-            sampled = self.job.shown(trial.config)
+            spec = spec_of(trial.config)  # resolved on the driver, once (studies.trials)
             tags = {
-                **self.tags, "condition": condition, "seed": str(self.job.seed(trial.config)),
-                "data_fingerprint": self.fingerprints.get(condition, ""), "icr.role": "trial",
-                **{f"sampled.{k}": str(v) for k, v in sampled.items()},
+                **self.tags, "condition": spec.condition, "seed": str(spec.seed),
+                "data_fingerprint": self.fingerprints.get(spec.condition, ""), "icr.role": "trial",
+                **{f"sampled.{k}": str(v) for k, v in spec.values.items()},
             }
-            run_id = self.tracker.child_run(self.parent_id, trial.trial_id,
-                                            run_name(condition, sampled), tags,
-                                            self.job.params(trial.config))
+            run_id = self.tracker.child_run(self.parent_id, trial.trial_id, spec.name, tags,
+                                            spec.params)
             self._runs[trial.trial_id] = run_id
             self._last_epoch[run_id] = self.tracker.last_step(run_id, "epoch")
         return self._runs[trial.trial_id]
@@ -442,7 +425,7 @@ class MlflowTrialCallback(Callback):
     def on_checkpoint(self, iteration: int, trials: list, trial: Any, checkpoint: Any, **info: Any) -> None:
         run_id = self.run_id(trial)
         self._record(trial, trial.last_result or {})
-        self.tracker.set_tags(run_id, {"checkpoint": checkpoint.path})  # for ensembles, analyses
+        self.tracker.set_tags(run_id, {"checkpoint": checkpoint_location(checkpoint)})
         files = (trial.last_result or {}).get("artifacts") or ()
         if not files:
             return
@@ -456,7 +439,7 @@ class MlflowTrialCallback(Callback):
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         run_id = self.run_id(trial)
         epochs = int((trial.last_result or {}).get("epoch", 0))
-        full = epochs >= self.max_epochs[str(trial.config.get("condition", ""))]
+        full = epochs >= self.max_epochs[spec_of(trial.config).condition]
         self.tracker.set_tags(run_id, {"epochs": epochs, "budget_complete": str(full).lower(),
                                        "stopped_early": str(not full).lower()})
         self.tracker.finish(run_id, "FINISHED")

@@ -1,11 +1,11 @@
 """The Ray Tune trainable: the only module where Ray meets ``icr``.
 
-A trial's Tune config is small and flat: ``condition`` (the row of the table it belongs to) and the
-dotted keys that the searcher sampled (or, for confirmation runs, ``train.seed``). Everything else
-the trial needs travels once, through the object store, as a :class:`TrialJob`: the validated flat
-overrides of each condition and the workspace. The trainable builds the ``ExperimentConfig`` once,
-calls ``fit`` with a reporter that forwards each :class:`~icr.train.EpochReport` to
-``ray.tune.report`` with its checkpoint, and resumes after a failure or a restored study.
+A trial's Tune config is one object, its :class:`~studies.trials.TrialSpec` (key ``trial``):
+the config it trains, resolved once on the driver. What every trial of a Tuner shares (the
+workspace, where Tune keeps the experiment) travels once through the object store as a
+:class:`TrialJob`. The trainable calls ``fit`` with the spec's config and a reporter that
+forwards each :class:`~icr.train.EpochReport` to ``ray.tune.report`` with its checkpoint, and
+resumes after a failure or a restored study.
 
 A reported epoch is a checkpointed epoch. Tune saves its experiment state (each trial's last
 checkpoint) in the background, so a driver killed at the wrong moment leaves a state that lags
@@ -18,55 +18,35 @@ every epoch MLflow holds is one a restored trial continues after, and the record
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow.fs
 import ray
 from ray import tune
 
-from icr.config import ExperimentConfig, Scalar, from_flat, to_flat, used_keys
 from icr.train.seam import EpochReport
 from icr.workspace import Workspace
-from studies import ray_adapter
+from studies.frameworks.tune import BOOKKEEPING, trial_folder
+from studies.trials import spec_of
 
 FitFn = Callable[..., Any]  # the signature of icr.train.fit
+REPORTED = "icr_reported"  # a checkpoint's metadata key: the result the driver recorded with it
 
 
 @dataclass(frozen=True)
 class TrialJob:
-    """What every trial of one Tuner shares: the study, the phase and each condition's overrides."""
+    """What every trial of one Tuner shares."""
 
     study: str
     phase: str  # "search" or "confirm"
     workspace: str
-    conditions: Mapping[str, Mapping[str, Scalar]]  # condition -> flat overrides (validated)
-    chosen: Mapping[str, Mapping[str, Scalar]] = field(default_factory=dict)  # winners' values
     experiment: str = ""  # where Tune keeps the experiment (its trials' folders)
-
-    def config(self, trial_config: Mapping[str, Any]) -> ExperimentConfig:
-        """The trial's config: the condition's overrides, then its own (sampled) dotted keys."""
-        own = {k: v for k, v in trial_config.items() if "." in k}
-        return from_flat({**self.conditions[trial_config["condition"]], **own})
-
-    def params(self, trial_config: Mapping[str, Any]) -> dict[str, Scalar]:
-        """The keys the trial's configuration uses, with their values: what MLflow records."""
-        config = self.config(trial_config)
-        flat = to_flat(config)
-        return {key: flat[key] for key in used_keys(config)}
-
-    def shown(self, trial_config: Mapping[str, Any]) -> dict[str, Scalar]:
-        """What tells the trial apart in its run's name: the condition's chosen values (a
-        confirmation run's winner) and the trial's own (sampled values, seed)."""
-        own = {k: v for k, v in trial_config.items() if "." in k}
-        return {**self.chosen.get(trial_config["condition"], {}), **own}
-
-    def seed(self, trial_config: Mapping[str, Any]) -> int:
-        return int(trial_config.get("train.seed",
-                                    self.conditions[trial_config["condition"]].get("train.seed", 0)))
 
 
 def tune_record(report: EpochReport) -> dict[str, Any]:
@@ -84,7 +64,7 @@ def default_fit() -> FitFn:
 def run_trial(trial_config: dict[str, Any], *, job: TrialJob, fit: FitFn | None = None) -> None:
     """Train one trial; Tune calls this in a worker process."""
     fit = fit or default_fit()
-    config = job.config(trial_config)
+    config = spec_of(trial_config).config
     _use_assigned_cpus()
 
     def reporter(report: EpochReport) -> None:
@@ -112,7 +92,7 @@ def resume_point(job: TrialJob, local: Path) -> tuple[Path | None, bool]:
     since Tune writes its next checkpoints into folders of its own numbering, theirs included.
     """
     registered = tune.get_checkpoint()
-    marked = ray_adapter.marked_checkpoints(ray_adapter.trial_folder(job.experiment)) \
+    marked = marked_checkpoints(trial_folder(job.experiment)) \
         if job.experiment else []
     newest = max(marked, key=lambda pair: pair[1]["epoch"], default=None)
     if newest is None or (registered is not None and _same(registered, newest[0])):
@@ -128,7 +108,7 @@ def resume_point(job: TrialJob, local: Path) -> tuple[Path | None, bool]:
     persisted = tune.get_checkpoint()  # where Tune put the copy
     for other, _ in marked:
         if persisted is None or not _same(other, persisted):
-            ray_adapter.unmark(other)
+            unmark(other)
     return local, bool(record.get("final"))
 
 
@@ -144,7 +124,7 @@ class MarkReported(tune.Callback):
     def on_checkpoint(self, iteration: int, trials: list, trial: Any, checkpoint: Any, **info: Any) -> None:
         result = trial.last_result or {}
         if "epoch" in result:
-            ray_adapter.mark(checkpoint, result)
+            mark(checkpoint, result)
 
 
 def _use_assigned_cpus() -> None:
@@ -155,3 +135,44 @@ def _use_assigned_cpus() -> None:
     import torch
 
     torch.set_num_threads(max(1, int(cpus or torch.get_num_threads())))
+
+
+# --- checkpoint marks: the result a checkpoint was recorded with ------------------------------
+
+
+def mark(checkpoint: tune.Checkpoint, result: Mapping[str, Any]) -> None:
+    """Write into a persisted checkpoint the result it came with (Tune's bookkeeping left out)."""
+    checkpoint.set_metadata({REPORTED: {k: v for k, v in result.items() if k not in BOOKKEEPING}})
+
+
+def unmark(checkpoint: tune.Checkpoint) -> None:
+    with contextlib.suppress(OSError):
+        checkpoint.set_metadata({})
+
+
+def marked_checkpoints(folder: str) -> list[tuple[tune.Checkpoint, dict[str, Any]]]:
+    """The checkpoints in a trial's folder that carry a mark, with the result each was marked
+    with (a mark that cannot be read, e.g. half written, counts as none)."""
+    fs, path = _filesystem(folder)
+    try:
+        infos = fs.get_file_info(pyarrow.fs.FileSelector(path, allow_not_found=True))
+    except OSError:
+        return []
+    found = []
+    for info in infos:
+        if info.type != pyarrow.fs.FileType.Directory or not info.base_name.startswith("checkpoint_"):
+            continue
+        checkpoint = tune.Checkpoint(info.path, filesystem=fs)
+        try:
+            record = checkpoint.get_metadata().get(REPORTED)
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(record, dict) and isinstance(record.get("epoch"), int | float):
+            found.append((checkpoint, record))
+    return found
+
+
+def _filesystem(uri: str) -> tuple[pyarrow.fs.FileSystem, str]:
+    if "://" in uri:
+        return pyarrow.fs.FileSystem.from_uri(uri)
+    return pyarrow.fs.LocalFileSystem(), str(Path(uri).absolute())

@@ -18,7 +18,6 @@ interrupted before Tune first saved it is started over (:func:`saved_by_tune`).
 
 from __future__ import annotations
 
-import csv
 import functools
 import logging
 import shutil
@@ -27,19 +26,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from optuna.trial import TrialState
 from ray import tune
 from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
-from ray.tune.search.optuna import OptunaSearch
 
+from studies.frameworks.optuna import GridOnceSampler
+from studies.frameworks.tune import (
+    labelled_trainable,
+    quiet_retried_syncs,
+    saved_by_tune,
+    trial_error,
+)
+from studies.labels import trial_label
 from studies.progress import DONE, INTERVAL_S, RUNNING, WAITING, Progress, TrialView, say_now
-from studies.ray_adapter import labelled_trainable
-from studies.samplers import GridOnceSampler, SpreadThenTPESampler
+from studies.samplers import SpreadThenTPESampler
+from studies.searcher import StudySearcher
 from studies.session import Interrupted, Session
 from studies.space import ConditionalSpace, grid_points
-from studies.tracking import PARENT_TAG, MlflowTrialCallback, error_line, run_name, trial_error
+from studies.tracking import PARENT_TAG, MlflowTrialCallback, error_line
 from studies.trainable import MarkReported, TrialJob, run_trial
+from studies.trials import KEY, TrialSpec, spec_of
 
 log = logging.getLogger(__name__)
 
@@ -49,91 +55,17 @@ class TrialRecord:
     """The end of one Tune trial, as selection and the summary need it."""
 
     trial_id: str
-    condition: str
-    config: dict[str, Any]  # the Tune config: condition and the sampled keys
+    spec: TrialSpec  # what the trial trained
     metrics: dict[str, Any]  # the last reported result
     error: str  # the one-line cause of a failure, '' if none
 
     @property
+    def condition(self) -> str:
+        return self.spec.condition
+
+    @property
     def epochs(self) -> int:
         return int(self.metrics.get("epoch", 0))
-
-
-class PrunedAwareOptunaSearch(OptunaSearch):
-    """OptunaSearch that records ASHA-stopped trials as PRUNED and failed ones as FAIL.
-
-    A trial is complete only when it reported ``time_attr >= max_t``; the value told to Optuna
-    is then its last ``metric``. The state of every Optuna trial is written to ``log_path``.
-    """
-
-    def __init__(self, *args: Any, time_attr: str, max_t: int, log_path: str | None = None,
-                 **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._time_attr = time_attr
-        self._max_t = max_t
-        self._log_path = log_path
-        self._tune_ids: dict[int, str] = {}
-
-    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
-        if trial_id in self._completed_trials or trial_id not in self._ot_trials:
-            return
-        ot_trial = self._ot_trials[trial_id]
-        value = (result or {}).get(self.metric)
-        reached = int((result or {}).get(self._time_attr, 0))
-        if error or value is None:
-            state, told = (TrialState.FAIL if error else TrialState.PRUNED), None
-        elif reached < self._max_t:
-            state, told = TrialState.PRUNED, None
-            ot_trial.report(value, reached)  # the stopped rung's value, for TPE
-        else:
-            state, told = TrialState.COMPLETE, value
-        try:
-            self._ot_study.tell(ot_trial, told, state=state)
-        except Exception as exc:  # e.g. a NaN value: Optuna refuses it, the trial stays FAIL
-            log.warning("optuna could not record trial %s: %s", trial_id, exc)
-        self._completed_trials.add(trial_id)
-        self._tune_ids[ot_trial.number] = trial_id
-        self._write_log()
-
-    def _write_log(self) -> None:
-        if not self._log_path:
-            return
-        rows = [
-            {"number": t.number, "tune_trial_id": self._tune_ids.get(t.number, ""),
-             "state": t.state.name, "value": t.value, **t.params}
-            for t in self._ot_study.get_trials(deepcopy=False)
-        ]
-        fields = list(dict.fromkeys(k for row in rows for k in row))
-        with open(self._log_path, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=fields)
-            writer.writeheader()
-            writer.writerows(rows)
-
-
-class RetriedSyncFilter(logging.Filter):
-    """Drops Ray's traceback for a background state copy that met a file being rewritten.
-
-    Ray copies Tune's staging folder to the storage in the background while Tune keeps saving its
-    state there, each file an atomic write through a ``tmp-`` file. A copy that lists such a file
-    before its rename fails with FileNotFoundError; Ray logs a warning with the traceback, and the
-    next save copies the folder again (the last copy, at the end of ``fit``, is waited for). That
-    one case is logged at debug level; every other message of Ray's syncer passes.
-    """
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        if (message.startswith("Last sync command failed") and "FileNotFoundError" in message
-                and "tmp-" in message):
-            log.debug("Tune's background copy met a state file being rewritten; it copies again")
-            return False
-        return True
-
-
-def quiet_retried_syncs() -> None:
-    """Install :class:`RetriedSyncFilter` on Ray's syncer logger (once)."""
-    syncer = logging.getLogger("ray.train._internal.syncer")
-    if not any(isinstance(f, RetriedSyncFilter) for f in syncer.filters):
-        syncer.addFilter(RetriedSyncFilter())
 
 
 class ProgressCallback(tune.Callback):
@@ -146,12 +78,12 @@ class ProgressCallback(tune.Callback):
 
     def __init__(self, progress: Progress, *, say: Callable[[str], None] = say_now,
                  interval: float = INTERVAL_S, bar: bool = False,
-                 describe: Callable[[Mapping[str, Any]], str] | None = None) -> None:
+                 describe: Callable[[TrialSpec], str] | None = None) -> None:
         self.progress = progress
         self.say = say
         self.interval = interval
         self.bar = bar
-        self.describe = describe or sampled_values  # a trial's config -> what tells it apart
+        self.describe = describe or sampled_values  # a trial's spec -> what tells it apart
         self._last = progress.clock()
         self._ended: set[str] = set()
         self._tqdm: Any = None
@@ -234,30 +166,34 @@ class ProgressCallback(tune.Callback):
         return TrialView(trial.trial_id, RUNNING if trial.status == "RUNNING" else WAITING, epochs)
 
     def _values(self, trial: Any) -> str:
-        return self.describe(trial.config)
+        return self.describe(spec_of(trial.config))
 
 
-def sampled_values(config: Mapping[str, Any]) -> str:
-    """``objective.eta=0.237``: the dotted keys of a Tune config (what a trial sampled)."""
+def sampled_values(spec: TrialSpec) -> str:
+    """``objective.eta=0.237``: what tells a search trial apart (the values it drew)."""
     return ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
-                     for k, v in config.items() if "." in k)
+                     for k, v in spec.values.items())
+
+
+def confirmation_values(spec: TrialSpec) -> str:
+    """``lagrangian, objective.eta=0.237, train.seed=1000``: a confirmation run."""
+    return ", ".join(filter(None, [spec.condition, sampled_values(spec)]))
 
 
 def _name(trial: Any) -> str:
-    sampled = {k: v for k, v in trial.config.items() if "." in k}
-    return f"trial {trial.trial_id} [{run_name(trial.config['condition'], sampled)}]"
+    return f"trial {trial.trial_id} [{spec_of(trial.config).name}]"
 
 
 def run_tuner(
-    session: Session, name: str, job: TrialJob, param_space: dict[str, Any],
-    tune_config: tune.TuneConfig, expected: int, title: str,
+    session: Session, name: str, job: TrialJob, conditions: tuple[str, ...],
+    param_space: dict[str, Any], tune_config: tune.TuneConfig, expected: int, title: str,
 ) -> list[TrialRecord]:
-    """Run (or continue) the Tune experiment ``name`` of this study run (``expected`` trials;
-    ``title`` heads its status lines)."""
+    """Run (or continue) the Tune experiment ``name`` of this study run: ``expected`` trials of
+    ``conditions``; ``title`` heads its status lines."""
     plan = session.plan
     trainable = labelled_trainable(tune.with_resources(  # the dashboard names each trial's actor
         tune.with_parameters(run_trial, job=job, fit=session.fit), session.resources
-    ))
+    ), trial_label)
     path = session.experiment_path(name)
     if tune.Tuner.can_restore(path) and not saved_by_tune(Path(path)):
         start_over(session, name, Path(path))
@@ -267,7 +203,7 @@ def run_tuner(
                                    resume_unfinished=True, resume_errored=False)
     else:
         callback = MlflowTrialCallback(
-            session.tracker, session.parent_id, job,
+            session.tracker, session.parent_id,
             {**session.tags, "phase": job.phase, "tune_experiment": name},
             session.fingerprints, {c.name: c.config.epochs for c in plan.conditions},
         )
@@ -280,7 +216,8 @@ def run_tuner(
             # cannot log an epoch's trajectory rows (auto loggers are off: set_quiet_environment).
             # MarkReported before the MLflow callback: a checkpoint is marked before its result
             # is recorded (studies.trainable).
-            callbacks=[MarkReported(), callback, progress_callback(session, job, title, expected),
+            callbacks=[MarkReported(), callback,
+                       progress_callback(session, job.phase, conditions, title, expected),
                        JsonLoggerCallback(), CSVLoggerCallback()],
             verbose=session.verbose,
         )
@@ -308,39 +245,21 @@ def _record(result: Any, configs: Mapping[str, dict[str, Any]]) -> TrialRecord:
     metrics = dict(result.metrics or {})
     trial_id = metrics.get("trial_id") or Path(str(result.path)).name
     error = error_line(result.error) if result.error is not None else ""
-    config = dict(result.config or configs.get(str(result.path)) or {})
-    return TrialRecord(str(trial_id), str(config.get("condition", "")), config, metrics, error)
+    config = result.config or configs[str(result.path)]
+    return TrialRecord(str(trial_id), spec_of(config), metrics, error)
 
 
-def progress_callback(session: Session, job: TrialJob, title: str, expected: int) -> ProgressCallback:
+def progress_callback(session: Session, phase: str, conditions: tuple[str, ...], title: str,
+                      expected: int) -> ProgressCallback:
     """The status lines of a Tuner: a search's best shows its sampled values, a confirmation's
     its condition, the winner's values and the seed."""
     plan, options = session.plan, session.progress
-    epochs = max(plan.condition(c).config.epochs for c in job.conditions)
+    epochs = max(plan.condition(c).config.epochs for c in conditions)
     progress = Progress(title, expected, epochs, plan.study.metric, plan.study.mode,
                         session.concurrency, options.clock)
-    describe = sampled_values
-    if job.phase == "confirm":
-        describe = functools.partial(_confirmation_values, job)
+    describe = confirmation_values if phase == "confirm" else sampled_values
     return ProgressCallback(progress, say=options.say, interval=options.interval,
                             bar=options.use_bar(), describe=describe)
-
-
-def _confirmation_values(job: TrialJob, config: Mapping[str, Any]) -> str:
-    return ", ".join(filter(None, [str(config.get("condition")), sampled_values(job.shown(config))]))
-
-
-def saved_by_tune(path: Path) -> bool:
-    """Whether Tune saved experiment ``path`` (its trials and its search algorithm) at least once.
-
-    ``Tuner.can_restore`` asks only for ``tuner.pkl``, which the Tuner writes when it is built,
-    before ``fit`` saves anything, and which holds no ``param_space``. A driver killed in that
-    window leaves an experiment that "restores" as a new one without the param_space: trials
-    without their ``condition``. Tune writes the trials' state first and the search algorithm's
-    next (``search_gen_state-*`` for a searcher, ``basic-variant-state-*`` for a grid).
-    """
-    searcher = any(path.glob("search_gen_state-*.json")) or any(path.glob("basic-variant-state-*.json"))
-    return any(path.glob("experiment_state-*.json")) and searcher
 
 
 def start_over(session: Session, name: str, path: Path) -> None:
@@ -362,16 +281,17 @@ def search(session: Session, condition: str) -> list[TrialRecord]:
     cond = plan.condition(condition)
     study = plan.study
     name = f"search-{condition}"
-    job = TrialJob(study.name, "search", str(plan.workspace.root), {condition: cond.flat},
+    job = TrialJob(study.name, "search", str(plan.workspace.root),
                    experiment=session.experiment_path(name))
     grid = grid_points(cond.domains)
     trials = cond.trials(plan.budget)
     sampler = (GridOnceSampler(grid, seed=study.searcher_seed) if grid is not None else
                SpreadThenTPESampler(plan.startup_trials, study.searcher_seed, tuple(cond.domains)))
-    searcher = PrunedAwareOptunaSearch(
-        space=ConditionalSpace(cond.flat, tuple(cond.domains.values())),
-        metric=study.metric, mode=study.mode, sampler=sampler, time_attr="epoch",
-        max_t=cond.config.epochs, log_path=str(session.run_dir / f"search-{condition}.optuna.csv"),
+    searcher = StudySearcher(
+        ConditionalSpace(cond.flat, tuple(cond.domains.values())),
+        functools.partial(TrialSpec.resolve, condition, cond.flat),
+        metric=study.metric, mode=study.mode, sampler=sampler, max_t=cond.config.epochs,
+        log_path=str(session.run_dir / f"search-{condition}.optuna.csv"),
     )
     scheduler = ASHAScheduler(
         time_attr="epoch", max_t=cond.config.epochs, grace_period=study.grace_period,
@@ -381,7 +301,7 @@ def search(session: Session, condition: str) -> list[TrialRecord]:
         metric=study.metric, mode=study.mode, search_alg=searcher, scheduler=scheduler,
         num_samples=trials, max_concurrent_trials=session.concurrency,
     )
-    return run_tuner(session, name, job, {"condition": condition}, tune_config, trials,
+    return run_tuner(session, name, job, (condition,), {}, tune_config, trials,
                      f"search {condition}")
 
 
@@ -391,13 +311,11 @@ def confirm(session: Session, winners: Mapping[str, Mapping[str, Any]]) -> list[
     if not winners or not plan.seeds:
         return []
     analyses = {"eval.analyses": ",".join(plan.analyses)} if plan.analyses else {}
-    conditions = {name: {**plan.condition(name).flat, **sampled, "eval.test": True, **analyses}
-                  for name, sampled in winners.items()}
-    job = TrialJob(plan.study.name, "confirm", str(plan.workspace.root), conditions,
-                   {name: dict(sampled) for name, sampled in winners.items()},
+    specs = [TrialSpec.resolve(name, {**plan.condition(name).flat, "eval.test": True, **analyses},
+                               {**sampled, "train.seed": seed})
+             for name, sampled in winners.items() for seed in plan.seeds]
+    job = TrialJob(plan.study.name, "confirm", str(plan.workspace.root),
                    experiment=session.experiment_path("confirm"))
-    param_space = {"condition": tune.grid_search(list(conditions)),
-                   "train.seed": tune.grid_search(list(plan.seeds))}
     tune_config = tune.TuneConfig(num_samples=1, max_concurrent_trials=session.concurrency)
-    return run_tuner(session, "confirm", job, param_space, tune_config,
-                     expected=len(conditions) * len(plan.seeds), title="confirm")
+    return run_tuner(session, "confirm", job, tuple(winners), {KEY: tune.grid_search(specs)},
+                     tune_config, expected=len(specs), title="confirm")

@@ -26,7 +26,9 @@ from pathlib import Path
 
 import pytest
 
-from studies import processes, ray_adapter
+from studies import connection, launcher, processes, storage
+from studies.frameworks import tune as tune_adapter
+from studies.labels import trial_label
 
 HERE = Path(__file__).resolve().parent
 EPOCHS, HOLD_AFTER = 4, 2
@@ -90,7 +92,7 @@ def starts(gate: Path, name: str) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def kill_worker_node_when_its_trial_holds(gate: Path, worker: ray_adapter.LocalInstance,
+def kill_worker_node_when_its_trial_holds(gate: Path, worker: launcher.LocalInstance,
                                           worker_node: str, done: threading.Event) -> None:
     """Watcher: once the trial on the worker node saved epoch 2, SIGKILL that node's raylet.
 
@@ -131,13 +133,13 @@ def lost_node_trial(tmp_path: Path) -> None:
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests/
     gate = tmp_path / "gate"
     gate.mkdir()
-    head = ray_adapter.start_head(num_cpus=1, dashboard=False, system_config=FAST_HEALTH_CHECKS)
+    head = launcher.start_head(num_cpus=1, dashboard=False, system_config=FAST_HEALTH_CHECKS)
     worker = None
     try:
-        worker = ray_adapter.start_node(head.address, num_cpus=1)
-        cluster = ray_adapter.connect(head.address)
+        worker = launcher.start_node(head.address, num_cpus=1)
+        cluster = connection.connect(head.address)
         assert (cluster.nodes, cluster.hosts) == (2, 1)
-        ray_adapter.check_storage(str(tmp_path / "ray"), cluster.nodes, hosts=cluster.hosts)
+        storage.check_storage(str(tmp_path / "ray"), cluster.nodes, hosts=cluster.hosts)
         nodes = [n for n in ray.nodes() if n["Alive"]]
         assert {n["NodeManagerAddress"] for n in nodes} == {"127.0.0.1"}
         worker_node = next(n["NodeID"] for n in nodes
@@ -148,7 +150,7 @@ def lost_node_trial(tmp_path: Path) -> None:
                                    args=(gate, worker, worker_node, done), daemon=True)
         watcher.start()
         tuner = tune.Tuner(
-            ray_adapter.labelled_trainable(tune.with_resources(epochs, {"cpu": 1})),
+            tune_adapter.labelled_trainable(tune.with_resources(epochs, {"cpu": 1}), trial_label),
             param_space={"gate": str(gate), "name": tune.grid_search(["a", "b"])},
             run_config=tune.RunConfig(name="node-loss", storage_path=str(tmp_path / "ray"),
                                       failure_config=tune.FailureConfig(max_failures=2),
@@ -173,7 +175,7 @@ def lost_node_trial(tmp_path: Path) -> None:
         ray.shutdown()
         for instance in (worker, head):
             if instance is not None:
-                ray_adapter.stop_instance(instance)
+                launcher.stop_instance(instance)
     assert not processes.family(head.marker, head.temp_dir)
     assert not processes.family(worker.marker, worker.temp_dir)
 
@@ -200,9 +202,10 @@ def lost_node_study(tmp_path: Path) -> None:
     from mlflow.tracking import MlflowClient
 
     from studies.catalog import Condition, Study
-    from studies.fakes import FakeFit, fake_prepare
     from studies.pipeline import Backend
     from studies.run import main
+
+    from fakes import FakeFit, fake_prepare
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     gate, records = tmp_path / "gate", tmp_path / "records"
@@ -213,13 +216,13 @@ def lost_node_study(tmp_path: Path) -> None:
                   conditions=(Condition("lagrangian", "L", {"objective.name": "lagrangian"}),),
                   budget=2, startup_trials=2, seeds=1, grace_period=4, max_failures=2)
     fit = FakeFit(record_dir=str(records), gate=str(gate), hold_after=HOLD_AFTER)
-    head = ray_adapter.start_head(num_cpus=1, dashboard=False, system_config=FAST_HEALTH_CHECKS)
+    head = launcher.start_head(num_cpus=1, dashboard=False, system_config=FAST_HEALTH_CHECKS)
     worker = None
     done = threading.Event()
     import psutil
 
     try:
-        worker = ray_adapter.start_node(head.address, num_cpus=1)
+        worker = launcher.start_node(head.address, num_cpus=1)
 
         def kill_when_held() -> None:
             while not done.is_set():
@@ -262,4 +265,4 @@ def lost_node_study(tmp_path: Path) -> None:
         ray.shutdown()
         for instance in (worker, head):
             if instance is not None:
-                ray_adapter.stop_instance(instance)
+                launcher.stop_instance(instance)

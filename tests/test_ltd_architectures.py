@@ -11,7 +11,7 @@ import pytest
 
 from icr.config import from_flat
 from studies.catalog import get_study
-from studies.ltd_architectures import BEST_ETA, PAPER_VALUES
+from studies.papers.ltd_architectures import BEST_ETA, PAPER_VALUES
 from studies.plan import Options, StudyPlan
 from studies.report import write_table
 from studies.runs import RunSet

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from studies.progress import DONE, RUNNING, WAITING, Progress, TrialView, _duration, say_now
+from studies.trials import KEY, TrialSpec
 from studies.tuning import ProgressCallback
 
 
@@ -67,6 +68,11 @@ def test_before_any_epoch_the_rest_is_not_estimated_and_min_mode_keeps_the_lowes
     assert "best val_loss 3.0 (dual, train.seed=1001)" in progress.line([])
 
 
+def tune_config(condition: str, values: dict[str, Any]) -> dict[str, Any]:
+    """A trial's Tune config: its TrialSpec (the platform's resolved trial)."""
+    return {KEY: TrialSpec.resolve(condition, {}, values)}
+
+
 @dataclass
 class FakeTrial:
     """What ProgressCallback reads of a Tune trial."""
@@ -82,8 +88,8 @@ def test_the_callback_writes_a_line_every_interval_without_results_and_at_each_e
     progress = Progress("search lagrangian", expected=3, max_epochs=2, metric="val_rsum",
                         slots=2, clock=clock)
     callback = ProgressCallback(progress, say=said.append, interval=30.0)
-    a = FakeTrial("a", {"condition": "lagrangian", "objective.eta": 0.25}, "RUNNING")
-    b = FakeTrial("b", {"condition": "lagrangian", "objective.eta": 0.1}, "RUNNING")
+    a = FakeTrial("a", tune_config("lagrangian", {"objective.eta": 0.25}), "RUNNING")
+    b = FakeTrial("b", tune_config("lagrangian", {"objective.eta": 0.1}), "RUNNING")
     trials = [a, b]
     for _ in range(10):  # Tune's loop turns; 29 s pass: nothing yet
         clock.now += 2.9
@@ -119,7 +125,7 @@ def test_the_callback_survives_being_pickled_into_a_tune_experiment(capsys) -> N
     assert restored.progress.title == "confirm" and restored.progress.expected == 2
     assert restored.say is say_now and restored.progress.clock is not progress.clock
     # A restored Tuner: a trial that had finished counts, with its last result as the best.
-    done = FakeTrial("a", {"condition": "dual", "train.seed": 1000}, "TERMINATED",
+    done = FakeTrial("a", tune_config("dual", {"train.seed": 1000}), "TERMINATED",
                      {"epoch": 2, "val_rsum": 201.0})
     restored.on_step_end(iteration=0, trials=[done])
     assert capsys.readouterr().out.startswith(
@@ -130,7 +136,7 @@ def test_in_a_terminal_the_status_is_a_bar_and_the_trial_lines_pass_above_it(cap
     clock = Clock()
     progress = Progress("search lagrangian", expected=2, max_epochs=2, metric="val_rsum", clock=clock)
     callback = ProgressCallback(progress, interval=30.0, bar=True)
-    trial = FakeTrial("a", {"condition": "lagrangian", "objective.eta": 0.25}, "RUNNING",
+    trial = FakeTrial("a", tune_config("lagrangian", {"objective.eta": 0.25}), "RUNNING",
                       {"epoch": 2, "val_rsum": 190.0, "time_this_iter_s": 3.0})
     callback.on_trial_result(iteration=0, trials=[trial], trial=trial, result=trial.last_result)
     clock.now += 1.0  # the bar is refreshed every second

@@ -15,9 +15,9 @@ import pytest
 from icr.errors import UserError
 from studies.catalog import all_studies, get_study
 from studies.estimate import asha_expected_epochs, plan_costs
+from studies.frameworks.optuna import GridOnceSampler
 from studies.plan import Options, StudyPlan
 from studies.run import main
-from studies.samplers import GridOnceSampler
 from studies.space import ConditionalSpace, Domain, grid_points, grid_size, parse_domain
 
 LTD_ETA_GRID = [0.05, 0.1, 0.15, 0.2, 0.25, 0.3]  # LTD Section 4.3

@@ -15,7 +15,8 @@ import pytest
 
 from icr.config import from_flat
 from icr.train import EpochReport, fit
-from studies.fakes import FakeFit
+
+from fakes import FakeFit
 
 TINY = {
     "data.preset": "tiny", "model.embed_dim": 32, "text.hidden_dim": 32, "decoder.hidden_dim": 32,

@@ -40,7 +40,7 @@ def test_a_second_driver_is_refused_naming_the_first(tmp_path):
 def test_the_lock_dies_with_a_killed_driver(tmp_path):
     holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path)], cwd=ROOT,
                               stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])})
     try:
         assert holder.stdout.readline().strip() == "locked"
         with pytest.raises(UserError, match=f"driver pid {holder.pid}"), \

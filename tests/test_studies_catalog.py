@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import json
 from pathlib import Path
 
@@ -12,12 +13,15 @@ import yaml
 from icr.config import from_flat, key_specs, to_flat
 from icr.errors import ConfigError, UserError
 from studies.catalog import SEARCH_SPACES, Condition, Study, all_studies, get_study
+from studies.connection import Cluster
 from studies.plan import Options, StudyPlan
-from studies.ray_adapter import Cluster, check_storage
 from studies.samplers import SpreadThenTPESampler
+from studies.searcher import StudySearcher
 from studies.select import select_winner
 from studies.space import ConditionalSpace, load_space
-from studies.tuning import PrunedAwareOptunaSearch, TrialRecord
+from studies.storage import check_storage
+from studies.trials import KEY, TrialSpec
+from studies.tuning import TrialRecord
 
 ROOT = Path(__file__).resolve().parent.parent
 STUDIES = sorted(all_studies())
@@ -175,28 +179,60 @@ def test_a_trial_samples_only_the_keys_its_choices_use() -> None:
 
 
 def test_optuna_is_told_pruned_for_asha_stopped_trials(tmp_path: Path) -> None:
-    from optuna.distributions import FloatDistribution
+    """ASHA-stopped trials are PRUNED in Optuna (not COMPLETE with their early score), failed
+    ones FAIL; each suggestion is the trial resolved once, with the value Optuna drew."""
+    import optuna
+
+    from studies.space import Domain
 
     log = tmp_path / "optuna.csv"
-    searcher = PrunedAwareOptunaSearch(
-        {"objective.eta": FloatDistribution(0.05, 0.3)}, metric="val_rsum", mode="max", seed=0,
-        time_attr="epoch", max_t=4, log_path=str(log),
-    )
+    base = {"objective.name": "lagrangian", "decoder.name": "ltd"}
+    space = ConditionalSpace(base, (Domain("objective.eta", "uniform", (0.05, 0.3)),))
+    searcher = StudySearcher(
+        space, functools.partial(TrialSpec.resolve, "lag", base), metric="val_rsum", mode="max",
+        sampler=optuna.samplers.RandomSampler(seed=0), max_t=4, log_path=str(log))
     for trial_id in ("a", "b", "c", "d"):
-        assert 0.05 <= searcher.suggest(trial_id)["objective.eta"] <= 0.3
+        spec = searcher.suggest(trial_id)[KEY]
+        assert spec.condition == "lag" and 0.05 <= spec.config.objective.eta <= 0.3
+        assert spec.params["objective.eta"] == spec.values["objective.eta"]
+    searcher.on_trial_result("a", {"val_rsum": 80.0, "epoch": 1})
     searcher.on_trial_complete("a", {"val_rsum": 100.0, "epoch": 2})  # stopped by ASHA
     searcher.on_trial_complete("b", {"val_rsum": 250.0, "epoch": 4})  # ran the full budget
     searcher.on_trial_complete("c", None, error=True)
     searcher.on_trial_complete("d", {"val_rsum": 90.0, "epoch": 3}, error=True)
-    states = {t.number: t.state.name for t in searcher._ot_study.trials}
-    assert states == {0: "PRUNED", 1: "COMPLETE", 2: "FAIL", 3: "FAIL"}
-    assert searcher._ot_study.trials[1].value == 250.0
+    trials = searcher.study.get_trials(deepcopy=False)
+    assert {t.number: t.state.name for t in trials} == {0: "PRUNED", 1: "COMPLETE", 2: "FAIL", 3: "FAIL"}
+    assert trials[1].value == 250.0 and trials[0].intermediate_values == {1: 80.0}
     assert "PRUNED" in log.read_text() and "COMPLETE" in log.read_text()
 
 
+def test_the_searcher_is_saved_and_restored_with_its_trials(tmp_path: Path) -> None:
+    """What Tuner.restore needs: a restored searcher knows the trials asked and told so far."""
+    import optuna
+
+    from studies.space import Domain
+
+    base = {"objective.name": "lagrangian", "decoder.name": "ltd"}
+    space = ConditionalSpace(base, (Domain("objective.eta", "uniform", (0.05, 0.3)),))
+    make = functools.partial(StudySearcher, space, functools.partial(TrialSpec.resolve, "lag", base),
+                             metric="val_rsum", mode="max", max_t=4)
+    searcher = make(sampler=optuna.samplers.RandomSampler(seed=0))
+    running = searcher.suggest("a")[KEY]
+    searcher.suggest("b")
+    searcher.on_trial_complete("b", {"val_rsum": 250.0, "epoch": 4})
+    searcher.save(str(tmp_path / "searcher.pkl"))
+    restored = make(sampler=optuna.samplers.RandomSampler(seed=1))
+    restored.restore(str(tmp_path / "searcher.pkl"))
+    assert restored.suggest("a")[KEY] == running  # the trial that was running keeps its values
+    restored.on_trial_complete("a", {"val_rsum": 200.0, "epoch": 4})
+    assert [t.state.name for t in restored.study.get_trials()] == ["COMPLETE", "COMPLETE"]
+
+
 def _record(tid: str, score: float, epochs: int, error: bool = False) -> TrialRecord:
-    return TrialRecord(tid, "lag", {"condition": "lag", "objective.eta": score / 1000},
-                       {"val_rsum": score, "epoch": epochs}, "TrainingError: boom" if error else "")
+    eta = score / 1000 if score == score else 0.2  # a NaN score (a diverged trial) drew 0.2
+    spec = TrialSpec.resolve("lag", {}, {"objective.eta": eta})
+    return TrialRecord(tid, spec, {"val_rsum": score, "epoch": epochs},
+                       "TrainingError: boom" if error else "")
 
 
 def test_selection_ignores_stopped_and_failed_trials() -> None:

@@ -117,7 +117,7 @@ def test_an_interpreter_without_the_dependencies_gets_one_line_naming_make_insta
 PREPARING = """
 import sys, time
 from pathlib import Path
-from studies.fakes import FakeFit
+from fakes import FakeFit
 from studies.pipeline import Backend
 from studies.run import main
 
@@ -132,9 +132,9 @@ sys.exit(main(["ltd_bound", "--smoke", "--workspace", sys.argv[2], "--no-dashboa
 
 
 def test_a_stop_signal_while_data_is_prepared_says_interrupted(tmp_path: Path) -> None:
-    # SIGTERM here; SIGHUP takes the same path (tests/test_ray_adapter.py, stop signals).
+    # SIGTERM here; SIGHUP takes the same path (tests/test_ray_cluster.py, stop signals).
     ready = tmp_path / "preparing"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_USAGE_STATS_ENABLED": "0"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]), "RAY_USAGE_STATS_ENABLED": "0"}
     driver = subprocess.Popen([sys.executable, "-c", PREPARING, str(ready), str(tmp_path / "ws")],
                               cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True)
@@ -154,7 +154,7 @@ def test_a_stop_signal_while_data_is_prepared_says_interrupted(tmp_path: Path) -
 STARTING_RAY = """
 import sys
 from pathlib import Path
-from studies.fakes import FakeFit, fake_prepare
+from fakes import FakeFit, fake_prepare
 from studies.pipeline import Backend
 from studies.run import main
 
@@ -176,7 +176,7 @@ def test_a_stop_signal_while_ray_starts_says_interrupted(tmp_path: Path) -> None
     import psutil
 
     ready = tmp_path / "prepared"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_USAGE_STATS_ENABLED": "0"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]), "RAY_USAGE_STATS_ENABLED": "0"}
     driver = subprocess.Popen([sys.executable, "-c", STARTING_RAY, str(ready), str(tmp_path / "ws")],
                               cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 import pytest
 import torch
@@ -9,9 +11,9 @@ import torch
 from icr.config import from_flat
 from icr.metrics import retrieval_metrics
 from icr.train import fit, load_run
-from studies.ensembles import ensemble_of
+from studies.ensembles import ensemble_of, ray_evaluator
 from studies.runs import RunSet
-from studies.tracking import Tracker
+from studies.tracking import Tracker, checkpoint_location
 
 TINY = {"data.preset": "tiny", "model.embed_dim": 16, "text.hidden_dim": 16,
         "train.batch_size": 16, "train.warmup_epochs": 1, "train.finetune_epochs": 0,
@@ -19,21 +21,36 @@ TINY = {"data.preset": "tiny", "model.embed_dim": 16, "text.hidden_dim": 16,
 
 
 @pytest.mark.slow
-def test_an_ensemble_averages_its_members_similarities(workspace, tmp_path, monkeypatch):
+@pytest.mark.parametrize("where", ["in-process", "ray task"])
+def test_an_ensemble_averages_its_members_similarities(workspace, tmp_path, monkeypatch, where):
+    """In-process (a rebuilt report) and as the Ray task a study runs, reading its members'
+    checkpoints through Tune's Checkpoint (here from file:// URIs, as it reads s3:// ones)."""
     monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
     rows = []
     for seed in (1000, 1001):
         result = fit(from_flat({**TINY, "train.seed": seed}), workspace=workspace,
                      run_dir=tmp_path / f"run{seed}")
         rows.append({"run_id": f"r{seed}", "phase": "confirm", "status": "FINISHED",
-                     "condition": "bl", "seed": seed, "checkpoint": str(result.checkpoint_dir)})
+                     "condition": "bl", "seed": seed,
+                     "checkpoint": Path(result.checkpoint_dir).resolve().as_uri()})
     runs = RunSet(pd.DataFrame(rows), lambda run_id, key: ([], []))
     tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "t", tmp_path / "artifacts")
     parent = tracker.create_run("parent", {})
-    metrics = ensemble_of(runs, "bl", tracker, parent, workspace)
+    if where == "ray task":
+        from studies import connection
+
+        cluster = connection.connect(num_cpus=1, dashboard=False)
+        try:
+            metrics = ensemble_of(runs, "bl", tracker, parent, workspace,
+                                  ray_evaluator(str(tmp_path / "ray"), cluster.gpus))
+        finally:
+            connection.disconnect(cluster)
+    else:
+        metrics = ensemble_of(runs, "bl", tracker, parent, workspace)
 
     # By hand: each member's test similarities, averaged, scored.
-    members = [load_run(row["checkpoint"], workspace=workspace) for row in rows]
+    members = [load_run(tmp_path / f"run{seed}" / "checkpoint", workspace=workspace)
+               for seed in (1000, 1001)]
     sims = torch.stack([img @ cap.t() for img, cap in (m.embed_split("test") for m in members)])
     data = members[0].data
     assets = data.eval_assets["test"]
@@ -52,3 +69,18 @@ def test_an_ensemble_averages_its_members_similarities(workspace, tmp_path, monk
                         parent, workspace)
     assert again == {"rsum": pytest.approx(expected["rsum"])}
     assert len(tracker.find_runs("tags.phase = 'ensemble'")) == 1
+
+
+def test_a_checkpoint_on_remote_storage_is_tagged_with_its_uri() -> None:
+    """What the ensembles and analyses read back: a folder on a local or shared disk, else a
+    URI any node can open (pyarrow's S3 and GCS file systems give paths without a scheme)."""
+    from types import SimpleNamespace
+
+    def checkpoint(kind: str, path: str) -> SimpleNamespace:
+        return SimpleNamespace(filesystem=SimpleNamespace(type_name=kind), path=path)
+
+    assert checkpoint_location(checkpoint("local", "/ws/ray/c/checkpoint_000003")) == \
+        "/ws/ray/c/checkpoint_000003"
+    assert checkpoint_location(checkpoint("s3", "bucket/icr/c/checkpoint_000003")) == \
+        "s3://bucket/icr/c/checkpoint_000003"
+    assert checkpoint_location(checkpoint("gcs", "bucket/c")) == "gcs://bucket/c"

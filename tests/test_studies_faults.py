@@ -1,6 +1,6 @@
 """Faults a campaign of kills, signals, bad inputs and corrupt files found (issue 20), each
 reproduced here as the user met it; these need no Ray (the ones that do are in
-test_studies_pipeline.py, test_studies_cli.py and test_ray_adapter.py).
+test_studies_pipeline.py, test_studies_cli.py and test_ray_cluster.py).
 
 Each run here is refused before Ray starts: ``ray.is_initialized()`` stays false.
 """
@@ -14,12 +14,13 @@ import pytest
 import ray
 
 from icr.errors import UserError
-from studies import processes, ray_adapter
-from studies.fakes import FakeFit, fake_prepare
-from studies.fakes import fake_study as pipeline_study
+from studies import processes, records
 from studies.pipeline import Backend
 from studies.run import main
 from studies.session import DriverLock
+
+from fakes import FakeFit, fake_prepare
+from fakes import fake_study as pipeline_study
 
 
 def fake_study(tmp_path: Path, space: str | None = None):
@@ -102,7 +103,7 @@ def test_a_record_that_names_no_process_is_removed_when_no_instance_runs(
     record.parent.mkdir()
     record.write_text(text)
     monkeypatch.setattr(processes, "instance_markers", lambda: {}, raising=False)
-    assert ray_adapter.stop_recorded_instance(record) == []
+    assert records.stop_recorded_instance(record) == []
     assert not record.exists()
     assert f"removed the unreadable Ray instance record {record}" in caplog.text
 
@@ -114,7 +115,7 @@ def test_a_record_that_names_no_process_is_refused_with_what_to_do_while_instanc
     record.write_text("garbage {")
     monkeypatch.setattr(processes, "instance_markers", lambda: {"m": [11, 12]}, raising=False)
     with pytest.raises(UserError) as error:
-        ray_adapter.stop_recorded_instance(record)
+        records.stop_recorded_instance(record)
     message = str(error.value)
     assert "\n" not in message and str(record) in message and "not JSON" in message
     assert "PIDs 11 12" in message and "removing the record is safe if none of them" in message
@@ -130,7 +131,7 @@ def test_an_incomplete_record_stops_what_it_still_names(tmp_path: Path, caplog) 
         entry = processes.describe([sleeper.pid])[0]
         record = tmp_path / "fake.ray.json"
         record.write_text(json.dumps({"processes": [entry]}))  # no marker, driver, launcher
-        assert ray_adapter.stop_recorded_instance(record) == [sleeper.pid]
+        assert records.stop_recorded_instance(record) == [sleeper.pid]
         assert sleeper.wait(timeout=30) is not None
         assert not record.exists() and "was incomplete" in caplog.text
     finally:
@@ -145,7 +146,7 @@ def test_a_record_never_names_a_folder_outside_ray_s_own(tmp_path: Path, monkeyp
     record.write_text(json.dumps({"temp_dir": "/tmp"}))
     monkeypatch.setattr(processes, "instance_markers", lambda: {}, raising=False)
     monkeypatch.setattr(processes, "stop_family", lambda *a, **k: pytest.fail("stopped a family"))
-    assert ray_adapter.stop_recorded_instance(record) == []
+    assert records.stop_recorded_instance(record) == []
 
 
 def test_the_driver_handles_an_empty_record_before_it_prepares(tmp_path: Path, monkeypatch, capsys) -> None:

@@ -8,20 +8,21 @@ from pathlib import Path
 import pytest
 
 from studies.catalog import Condition, Study
-from studies.fakes import FakeFit, fake_prepare
 from studies.pipeline import Backend
 from studies.run import main
+
+from fakes import FakeFit, fake_prepare
 
 
 @pytest.fixture(scope="module")
 def gpu_cluster():
-    from studies import ray_adapter
+    from studies import connection
     from studies.pipeline import set_quiet_environment
 
     set_quiet_environment()
-    info = ray_adapter.connect(num_cpus=4, num_gpus=4, dashboard=False)
+    info = connection.connect(num_cpus=4, num_gpus=4, dashboard=False)
     yield info
-    ray_adapter.disconnect(info)
+    connection.disconnect(info)
 
 
 def test_concurrent_trials_each_get_one_distinct_gpu(gpu_cluster, tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -24,20 +25,24 @@ from mlflow.tracking import MlflowClient
 
 from icr.config import key_specs
 from studies.catalog import Recipe, Study
-from studies.fakes import FakeFit, fake_prepare, fake_study
 from studies.pipeline import Backend
 from studies.run import main
+from studies.trials import spec_of
+
+from fakes import FakeFit, counting_config_builds, fake_prepare, fake_study
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
 @pytest.fixture(scope="module")
 def cluster():
-    from studies import ray_adapter
+    from studies import connection
     from studies.pipeline import set_quiet_environment
 
     set_quiet_environment()
-    info = ray_adapter.connect(num_cpus=2, dashboard=False)
+    info = connection.connect(num_cpus=2, dashboard=False)
     yield info
-    ray_adapter.disconnect(info)
+    connection.disconnect(info)
 
 
 def child_runs(workspace: Path, experiment: str = "fake") -> pd.DataFrame:
@@ -106,7 +111,7 @@ def test_fake_study_end_to_end(cluster, tmp_path: Path) -> None:
     assert (confirm[confirm["seed"] != "1001"]["status"] == "FINISHED").all()
     from ray.tune import ExperimentAnalysis
 
-    statuses = {(t.config["condition"], t.config["train.seed"]): t.status
+    statuses = {(spec_of(t.config).condition, spec_of(t.config).seed): t.status
                 for t in ExperimentAnalysis(str(run_dir / "confirm")).trials}
     assert {k for k, v in statuses.items() if v == "ERROR"} == {("contrastive", 1001), ("lagrangian", 1001)}
 
@@ -142,7 +147,7 @@ def test_fake_study_end_to_end(cluster, tmp_path: Path) -> None:
 DRIVER = """
 import sys
 from pathlib import Path
-from studies.fakes import FakeFit, fake_prepare
+from fakes import FakeFit, fake_prepare
 from studies.pipeline import Backend
 from studies.run import main
 sys.path.insert(0, {tests!r})
@@ -171,6 +176,36 @@ def finished_trials(db: Path) -> set[str]:
     return {r[0] for r in rows}
 
 
+def test_each_trial_s_config_is_built_once_on_the_driver(cluster, tmp_path: Path, monkeypatch) -> None:
+    """One config per trial: the driver builds it once (the searcher when it draws the trial's
+    values, the confirmation before its Tuner), the worker trains it and the recorder logs its
+    params without building it again; the search space builds only its table of used keys,
+    once per condition (one entry here: no component is chosen)."""
+    import studies.pipeline
+
+    records = tmp_path / "records"
+    fit = FakeFit(epoch_seconds=0.05, record_dir=str(records), count_builds=True)
+    builds: dict[str, int] = {}
+
+    def counted(phase: str, run: Any) -> Any:
+        def wrapper(*args: Any) -> Any:
+            before = counter.count
+            out = run(*args)
+            builds[f"{phase} {args[1] if phase == 'search' else ''}".strip()] = counter.count - before
+            return out
+        return wrapper
+
+    monkeypatch.setattr(studies.pipeline, "search", counted("search", studies.pipeline.search))
+    monkeypatch.setattr(studies.pipeline, "confirm", counted("confirm", studies.pipeline.confirm))
+    with counting_config_builds() as counter:
+        rc = main(["fake", "--workspace", str(tmp_path / "ws"), "--budget", "3", "--seeds", "2"],
+                  backend=Backend(fit, fake_prepare), extra_studies={"fake": fake_study(tmp_path)})
+    assert rc == 0
+    assert builds == {"search lagrangian": 3 + 1, "confirm": 2 * 2}
+    worker_builds = [json.loads(f.read_text())["config_builds"] for f in records.glob("*.json")]
+    assert len(worker_builds) == 3 + 4 and set(worker_builds) == {0}
+
+
 def test_resume_after_the_driver_is_killed(cluster, tmp_path: Path) -> None:
     workspace, records = tmp_path / "ws", tmp_path / "records"
     script = tmp_path / "driver.py"
@@ -178,7 +213,7 @@ def test_resume_after_the_driver_is_killed(cluster, tmp_path: Path) -> None:
     args = ["fake", "--workspace", str(workspace), "--address", cluster.address, "--seeds", "1"]
     log = open(tmp_path / "driver.log", "w")  # noqa: SIM115 - closed with the driver
     driver = subprocess.Popen([sys.executable, str(script), *args], cwd=ROOT, stdout=log,
-                              stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                              stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])})
     finished: set[str] = set()
     deadline = time.monotonic() + 180
     try:
@@ -307,7 +342,7 @@ def test_the_driver_shows_progress_while_no_result_arrives(cluster, tmp_path: Pa
 SIGNALLED_DRIVER = """
 import sys
 from pathlib import Path
-from studies.fakes import FakeFit, fake_prepare
+from fakes import FakeFit, fake_prepare
 from studies.pipeline import Backend
 from studies.run import main
 sys.path.insert(0, {tests!r})
@@ -331,7 +366,7 @@ def test_a_stop_signal_while_trials_start_says_interrupted(cluster, tmp_path: Pa
     args = ["fake", "--workspace", str(tmp_path / "ws"), "--address", cluster.address, "--seeds", "1"]
     driver = subprocess.Popen([sys.executable, str(script), *args], cwd=ROOT, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])})
     try:
         deadline = time.monotonic() + 180
         while len(list(records.glob("*.json"))) < 2 and driver.poll() is None \
@@ -351,7 +386,7 @@ def test_a_stop_signal_while_trials_start_says_interrupted(cluster, tmp_path: Pa
 HELD_DRIVER = """
 import sys
 from pathlib import Path
-from studies.fakes import FakeFit, fake_prepare
+from fakes import FakeFit, fake_prepare
 from studies.pipeline import Backend
 from studies.run import main
 sys.path.insert(0, {tests!r})
@@ -396,7 +431,7 @@ def test_a_trial_restored_from_a_lagging_tune_state_continues_after_its_recorded
     args = ["fake", "--workspace", str(workspace), "--address", cluster.address, "--seeds", "1"]
     log = open(tmp_path / "driver.log", "w")  # noqa: SIM115 - closed with the driver
     driver = subprocess.Popen([sys.executable, str(script), *args], cwd=ROOT, stdout=log,
-                              stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                              stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])})
     deadline = time.monotonic() + 180
     try:
         # Both trials started and hold before their first epoch; Tune's state on storage has them.

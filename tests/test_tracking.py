@@ -16,8 +16,8 @@ from studies.tracking import (
     Tracker,
     epoch_metrics,
     error_line,
-    run_name,
 )
+from studies.trials import run_name
 
 
 @pytest.fixture()
@@ -98,7 +98,7 @@ def test_a_failed_trial_s_error_is_read_before_tune_copies_it_to_the_storage(tmp
     from ray.tune.experiment import Trial
 
     from icr.errors import TrainingError
-    from studies.tracking import trial_error
+    from studies.frameworks.tune import trial_error
 
     storage = StorageContext(storage_path=str(tmp_path / "storage"), experiment_dir_name="exp",
                              trial_dir_name="trial_0")

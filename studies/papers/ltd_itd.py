@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from studies.catalog import Condition, Study
-from studies.ltd_bound import BASE, CONTRASTIVE, PAPER, SMOKE, TABLE_1, figure_3
+from studies.papers.ltd_bound import BASE, CONTRASTIVE, PAPER, SMOKE, TABLE_1, figure_3
 
 STUDY = Study(
     name="ltd_itd",

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from studies.catalog import Condition, Recipe, Study
 from studies.figures import Figure, metric_per_epoch, metric_vs_value
-from studies.loss_functions import PAPER as LOSSES_PAPER
-from studies.loss_functions import PAPER_ARCHITECTURES
-from studies.ltd_bound import BASE, SMOKE
+from studies.papers.loss_functions import PAPER as LOSSES_PAPER
+from studies.papers.loss_functions import PAPER_ARCHITECTURES
+from studies.papers.ltd_bound import BASE, SMOKE
 
 STUDY = Study(
     name="loss_search",

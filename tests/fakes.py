@@ -5,17 +5,21 @@ eta = 0.17, better with the epoch, a little seed noise), lambda and L_rec follow
 LTD paper's Figure 3, each epoch is one :class:`~icr.train.EpochReport` with its trajectory rows
 and a checkpoint folder (a JSON state), ``resume_from`` continues after the checkpoint's epoch,
 and chosen configs raise ``TrainingError`` (the non-finite-loss error of the real fit) at a chosen
-epoch. ``tests/test_seam.py`` holds this fake and the real ``fit`` to the same assertions. It lives
-in the package (not in tests/) so Ray workers can import it.
+epoch. ``tests/test_seam.py`` holds this fake and the real ``fit`` to the same assertions. Ray
+workers import it as the tests do: ``tests/conftest.py`` puts this folder on the ``PYTHONPATH`` of
+every process the tests start.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import random
+import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +46,9 @@ class FakeFit:
             which proves that they run concurrently.
         gate, hold_after: before training epoch ``hold_after + 1`` wait until the file
             ``<gate>/go`` exists (a test holds trials at a known point, e.g. to lose a node).
+        count_builds: with ``record_dir``, record how many configs the process built
+            (:class:`ConfigBuilds`) between unpickling this fake (in a Ray worker: before the
+            trial's function runs) and the call.
     """
 
     epoch_seconds: float = 0.0
@@ -51,6 +58,12 @@ class FakeFit:
     barrier: int = 0
     gate: str | None = None
     hold_after: int = 0
+    count_builds: bool = False
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if self.count_builds:
+            ConfigBuilds.install()
 
     def __call__(
         self, config: ExperimentConfig, reporter: Any = None, resume_from: Path | str | None = None,
@@ -130,8 +143,10 @@ class FakeFit:
         directory = Path(self.record_dir)
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / f"{os.getpid()}-{time.time_ns()}.json"
+        builds = {"config_builds": ConfigBuilds.count} if self.count_builds else {}
         self._record(path, resumed_after=start, run_dir=str(root),
-                     cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"), epochs_run=0)
+                     cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"), epochs_run=0,
+                     **builds)
         deadline = time.monotonic() + 60
         while self.barrier and len(list(directory.glob("*.json"))) < self.barrier:
             if time.monotonic() > deadline:
@@ -148,6 +163,54 @@ class FakeFit:
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(data))
         tmp.replace(path)
+
+
+class ConfigBuilds:
+    """Counts the configs this process builds: the calls of ``icr.config.from_flat``, wherever a
+    module imported it from."""
+
+    count = 0
+    _original: Any = None
+    _patched: list[Any] = []  # the modules whose from_flat was replaced
+
+    @classmethod
+    def install(cls) -> None:
+        import icr.config
+
+        if cls._original is not None:
+            return
+        original = cls._original = icr.config.from_flat
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            cls.count += 1
+            return original(*args, **kwargs)
+
+        cls._patched = [m for m in list(sys.modules.values()) if _binds(m, original)]
+        for module in cls._patched:
+            module.from_flat = counted
+
+    @classmethod
+    def uninstall(cls) -> None:
+        for module in cls._patched:
+            module.from_flat = cls._original
+        cls._original, cls._patched, cls.count = None, [], 0
+
+
+def _binds(module: Any, function: Any) -> bool:
+    try:  # some modules answer any attribute (torch's class namespaces), some raise
+        return getattr(module, "from_flat", None) is function
+    except Exception:
+        return False
+
+
+@contextlib.contextmanager
+def counting_config_builds() -> Iterator[type[ConfigBuilds]]:
+    """Count the configs built in this process while the block runs."""
+    ConfigBuilds.install()
+    try:
+        yield ConfigBuilds
+    finally:
+        ConfigBuilds.uninstall()
 
 
 # Training images of the embedded benchmark's presets (5 captions each), as the real data has.
@@ -189,7 +252,7 @@ def fake_study(folder: Path, budget: int = 6,
     from dataclasses import replace
 
     from studies.catalog import Condition, Study
-    from studies.ltd_bound import TABLE_1, figure_3
+    from studies.papers.ltd_bound import TABLE_1, figure_3
 
     (folder / "space.yaml").write_text(FAKE_SPACE)
     known = {

@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from studies.catalog import Condition, Study
 from studies.figures import Figure, metric_per_epoch
-from studies.pooling_objective import BASE, PAPER, PAPER_BASE, TABLE
+from studies.papers.pooling_objective import BASE, PAPER, PAPER_BASE, TABLE
 
 COMMON = {**BASE, "image.pooling": "adpool", "text.pooling": "adpool", "loss.name": "adopt",
           "loss.margin": 0.2}

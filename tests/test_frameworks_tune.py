@@ -7,7 +7,7 @@ import logging
 import pytest
 from ray.train._internal.syncer import _BackgroundProcess, _BackgroundSyncer
 
-from studies.tuning import quiet_retried_syncs
+from studies.frameworks.tune import quiet_retried_syncs
 
 
 def failed_copy(error: Exception) -> list[logging.LogRecord]:

@@ -16,7 +16,7 @@ from dataclasses import replace
 
 from studies.catalog import Condition, Study
 from studies.figures import Figure, metric_per_epoch
-from studies.ltd_bound import BASE, CONTRASTIVE, DUAL, PAPER, SMOKE
+from studies.papers.ltd_bound import BASE, CONTRASTIVE, DUAL, PAPER, SMOKE
 from studies.tables import Column, Table
 
 FAMILIES = ("shape", "colour", "size", "texture", "position", "count", "background")

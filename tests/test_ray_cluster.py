@@ -23,10 +23,12 @@ from pathlib import Path
 import pytest
 
 from icr.errors import UserError
-from studies import processes, ray_adapter
+from studies import connection, labels, launcher, processes, records, storage
+from studies.frameworks import tune as tune_adapter
+from studies.trials import KEY, TrialSpec, spec_of
 
 ROOT = Path(__file__).resolve().parent.parent
-ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
 
 
 # --- joining --------------------------------------------------------------------------------
@@ -35,13 +37,13 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 @pytest.mark.timeout(60)
 def test_joining_an_address_where_nothing_answers_fails_with_one_line(monkeypatch) -> None:
     with pytest.raises(UserError, match="nothing answers at 127.0.0.1:1 ") as error:
-        ray_adapter.connect("127.0.0.1:1")
+        connection.connect("127.0.0.1:1")
     assert "\n" not in str(error.value)
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")  # what `auto` reads first
     with pytest.raises(UserError, match="--address auto: .*nothing answers at 127.0.0.1:1 "):
-        ray_adapter.connect("auto")
+        connection.connect("auto")
     with pytest.raises(UserError, match="expected auto or HOST:PORT"):
-        ray_adapter.reachable_gcs("nonsense")
+        connection.reachable_gcs("nonsense")
 
 
 @pytest.mark.timeout(60)
@@ -51,7 +53,7 @@ def test_joining_an_address_that_is_not_a_ray_cluster_fails_with_one_line() -> N
         server.listen()
         port = server.getsockname()[1]
         with pytest.raises(UserError, match=f"127.0.0.1:{port} answers but not as a Ray cluster"):
-            ray_adapter.reachable_gcs(f"127.0.0.1:{port}", timeout=1.0)
+            connection.reachable_gcs(f"127.0.0.1:{port}", timeout=1.0)
 
 
 # --- stop signals ----------------------------------------------------------------------------
@@ -105,32 +107,32 @@ def _sleeper(env: dict[str, str], *args: str) -> subprocess.Popen:
 
 
 def test_a_recorded_instance_stops_exactly_its_own_processes(tmp_path: Path) -> None:
-    folder = tmp_path / f"{ray_adapter.TEMP_PREFIX}test"
+    folder = tmp_path / f"{launcher.TEMP_PREFIX}test"
     folder.mkdir()
-    launcher = _sleeper({**os.environ, processes.MARKER: "m1"})  # inherited the marker
+    sleeper = _sleeper({**os.environ, processes.MARKER: "m1"})  # inherited the marker
     agent = _sleeper(dict(os.environ), str(folder / "agent.log"))  # blank env, a log file open
     stranger = _sleeper({**os.environ, processes.MARKER: "other"})
     try:
         record = tmp_path / "ray-instance.json"
         live_driver = processes.describe([stranger.pid])[0]
         processes.write_record(record, {"marker": "m1", "temp_dir": str(folder),
-                                        "launcher": {"pid": launcher.pid}, "driver": live_driver})
+                                        "launcher": {"pid": sleeper.pid}, "driver": live_driver})
         with pytest.raises(UserError, match=f"running driver .PID {stranger.pid}"):
-            ray_adapter.stop_recorded_instance(record)
-        assert launcher.poll() is None and agent.poll() is None
+            records.stop_recorded_instance(record)
+        assert sleeper.poll() is None and agent.poll() is None
 
         # The driver's PID now belongs to another process (reused): the driver is gone.
         processes.write_record(record, {"marker": "m1", "temp_dir": str(folder),
-                                        "launcher": {"pid": launcher.pid},
+                                        "launcher": {"pid": sleeper.pid},
                                         "driver": {**live_driver, "create_time": 0.0}})
-        stopped = ray_adapter.stop_recorded_instance(record)
-        assert sorted(stopped) == sorted([launcher.pid, agent.pid])
-        assert launcher.wait(timeout=30) is not None and agent.wait(timeout=30) is not None
+        stopped = records.stop_recorded_instance(record)
+        assert sorted(stopped) == sorted([sleeper.pid, agent.pid])
+        assert sleeper.wait(timeout=30) is not None and agent.wait(timeout=30) is not None
         assert stranger.poll() is None
         assert not record.exists() and not folder.exists()
-        assert ray_adapter.stop_recorded_instance(record) == []  # nothing recorded: nothing to do
+        assert records.stop_recorded_instance(record) == []  # nothing recorded: nothing to do
     finally:
-        for proc in (launcher, agent, stranger):
+        for proc in (sleeper, agent, stranger):
             proc.kill()
             proc.wait()
 
@@ -150,48 +152,48 @@ RUNS_AS_A_NODE = ("import signal; print('Ray runtime started.', flush=True); sig
 
 def fake_ray_start(monkeypatch, scripts: list[str]) -> list[Path]:
     """Replace the launcher's command by the scripts, one per start; returns the temp folders."""
-    launch, folders = ray_adapter._launch, []
+    launch, folders = launcher._launch, []
 
     def launch_script(cmd: list[str], env: dict[str, str], temp_dir: Path) -> subprocess.Popen:
         folders.append(temp_dir)
         return launch([sys.executable, "-c", scripts[len(folders) - 1], str(temp_dir)], env, temp_dir)
 
-    monkeypatch.setattr(ray_adapter, "_launch", launch_script)
+    monkeypatch.setattr(launcher, "_launch", launch_script)
     return folders
 
 
 @pytest.mark.timeout(60)
 def test_a_head_whose_ray_start_gave_up_is_started_again(monkeypatch) -> None:
     folders = fake_ray_start(monkeypatch, [GIVES_UP, RUNS])
-    instance = ray_adapter.start_head(num_cpus=1, dashboard=False)
+    instance = launcher.start_head(num_cpus=1, dashboard=False)
     try:
         assert instance.address == "127.0.0.1:6399" and instance.temp_dir == folders[1]
         assert not folders[0].exists()  # the failed attempt's folder is gone
     finally:
-        ray_adapter.stop_instance(instance)
+        launcher.stop_instance(instance)
     assert not processes.family(instance.marker, instance.temp_dir)
 
 
 @pytest.mark.timeout(60)
 def test_a_head_that_always_gives_up_fails_with_the_line_that_says_why(monkeypatch) -> None:
-    folders = fake_ray_start(monkeypatch, [GIVES_UP] * ray_adapter.START_ATTEMPTS)
+    folders = fake_ray_start(monkeypatch, [GIVES_UP] * launcher.START_ATTEMPTS)
     with pytest.raises(UserError) as error:
-        ray_adapter.start_head(num_cpus=1, dashboard=False)
+        launcher.start_head(num_cpus=1, dashboard=False)
     assert str(error.value) == (
         "the private Ray instance did not start (`ray start` exited with 1): ERROR: Failed to start "
         f"the dashboard, return code 1; see {folders[-1]}")
     assert not any(f.exists() for f in folders[:-1]) and (folders[-1] / "ray-start.log").is_file()
-    ray_adapter._remove_temp_dir(folders[-1])
+    launcher.remove_temp_dir(folders[-1])
 
 
 @pytest.mark.timeout(60)
 def test_a_joining_node_whose_ray_start_gave_up_is_started_again(monkeypatch) -> None:
     folders = fake_ray_start(monkeypatch, [GIVES_UP, GIVES_UP, RUNS_AS_A_NODE])
-    instance = ray_adapter.start_node("127.0.0.1:6399", num_cpus=1)
+    instance = launcher.start_node("127.0.0.1:6399", num_cpus=1)
     try:
         assert instance.temp_dir == folders[2] and not folders[0].exists() and not folders[1].exists()
     finally:
-        ray_adapter.stop_instance(instance)
+        launcher.stop_instance(instance)
     assert not processes.family(instance.marker, instance.temp_dir)
 
 
@@ -201,18 +203,19 @@ MOUNTS = "/dev/sda1 / ext4 rw 0 0\nnfs:/export /mnt/shared nfs4 rw 0 0\n"
 
 
 def test_nodes_on_one_machine_share_its_disk() -> None:
-    ray_adapter.check_storage("/home/me/workspace/ray", nodes=2, mounts=MOUNTS, hosts=1)
+    storage.check_storage("/home/me/workspace/ray", nodes=2, mounts=MOUNTS, hosts=1)
     with pytest.raises(UserError, match="local disk"):
-        ray_adapter.check_storage("/home/me/workspace/ray", nodes=2, mounts=MOUNTS, hosts=2)
+        storage.check_storage("/home/me/workspace/ray", nodes=2, mounts=MOUNTS, hosts=2)
     with pytest.raises(UserError, match="local disk"):
-        ray_adapter.check_storage("/home/me/workspace/ray", nodes=2, mounts=MOUNTS)
+        storage.check_storage("/home/me/workspace/ray", nodes=2, mounts=MOUNTS)
 
 
 def test_trial_label_names_the_trial_condition_and_values() -> None:
-    config = {"condition": "lagrangian", "objective.eta": 0.123456, "loss.name": "infonce"}
-    assert ray_adapter.trial_label("a1_00002", config) == \
+    spec = TrialSpec.resolve("lagrangian", {"decoder.name": "ltd"},
+                             {"objective.eta": 0.123456, "loss.name": "infonce"})
+    assert labels.trial_label("a1_00002", {KEY: spec}) == \
         "trial a1_00002 [lagrangian objective.eta=0.1235 loss.name=infonce]"
-    assert ray_adapter.trial_label("a1_00003", {}) == "trial a1_00003"
+    assert labels.trial_label("a1_00003", {}) == "trial a1_00003"
 
 
 # --- a private instance ------------------------------------------------------------------------
@@ -221,9 +224,9 @@ def test_trial_label_names_the_trial_condition_and_values() -> None:
 @pytest.fixture(scope="module")
 def local(tmp_path_factory):
     record = tmp_path_factory.mktemp("run") / "ray-instance.json"
-    cluster = ray_adapter.connect(num_cpus=2, dashboard=True, record=record)
+    cluster = connection.connect(num_cpus=2, dashboard=True, record=record)
     yield cluster
-    ray_adapter.disconnect(cluster)
+    connection.disconnect(cluster)
     assert not processes.family(cluster.instance.marker, cluster.instance.temp_dir)
     assert not record.exists() and not cluster.instance.temp_dir.exists()
 
@@ -256,7 +259,7 @@ def _grpc_code(port: int, method: str) -> str:
     return "OK"
 
 
-def _listening(cluster: ray_adapter.Cluster) -> dict[int, tuple[str, str]]:
+def _listening(cluster: connection.Cluster) -> dict[int, tuple[str, str]]:
     """port -> (address, process name) of every listening TCP socket of the instance and driver."""
     import psutil
 
@@ -312,19 +315,22 @@ def test_trial_actors_show_their_trial_in_the_dashboard(local, tmp_path: Path) -
     from ray.util.state import list_actors
 
     def trial(config: dict, scale: float) -> None:
-        tune.report({"score": scale * config["objective.eta"]})
+        tune.report({"score": scale * spec_of(config).config.objective.eta})
 
-    trainable = ray_adapter.labelled_trainable(
-        tune.with_resources(tune.with_parameters(trial, scale=2.0), {"cpu": 1}))
+    trainable = tune_adapter.labelled_trainable(
+        tune.with_resources(tune.with_parameters(trial, scale=2.0), {"cpu": 1}), labels.trial_label)
+    specs = [TrialSpec.resolve("lagrangian", {"objective.name": "lagrangian"}, {"objective.eta": eta})
+             for eta in (0.1, 0.25)]
     tuner = tune.Tuner(
         trainable,
-        param_space={"condition": "lagrangian", "objective.eta": tune.grid_search([0.1, 0.25])},
+        param_space={KEY: tune.grid_search(specs)},
         run_config=tune.RunConfig(name="labels", storage_path=str(tmp_path), verbose=0),
     )
     grid = tuner.fit()
     assert grid.num_errors == 0 and len(grid) == 2
-    expected = {ray_adapter.trial_label(r.metrics["trial_id"], r.config) for r in grid}
-    assert len(expected) == 2 and all("objective.eta=" in label for label in expected)
+    expected = {labels.trial_label(r.metrics["trial_id"], r.config) for r in grid}
+    assert expected == {f"trial {r.metrics['trial_id']} [lagrangian objective.eta={eta}]"
+                        for r, eta in zip(grid, (0.1, 0.25), strict=True)}
     actors = list_actors(address=local.dashboard_url, detail=True, limit=1000,
                          filters=[("class_name", "=", "trial")])
     assert expected <= {a.repr_name for a in actors}, [(a.class_name, a.repr_name) for a in actors]
@@ -332,17 +338,17 @@ def test_trial_actors_show_their_trial_in_the_dashboard(local, tmp_path: Path) -
 
 @pytest.mark.slow
 def test_joining_with_a_wrong_token_fails_with_one_line(local, monkeypatch) -> None:
-    assert ray_adapter.reachable_gcs(local.address) == local.address
+    assert connection.reachable_gcs(local.address) == local.address
     monkeypatch.setenv("RAY_AUTH_TOKEN", "not-the-token")
     with pytest.raises(UserError, match="wants its token; copy the head's ~/.ray/auth_token"):
-        ray_adapter.reachable_gcs(local.address)
+        connection.reachable_gcs(local.address)
 
 
 SECOND_DRIVER = """
 import json, sys
 from pathlib import Path
-from studies import ray_adapter
-cluster = ray_adapter.connect(num_cpus=1, dashboard=True, record=Path(sys.argv[1]))
+from studies import connection
+cluster = connection.connect(num_cpus=1, dashboard=True, record=Path(sys.argv[1]))
 print(json.dumps({"dashboard_url": cluster.dashboard_url}), flush=True)
 sys.stdin.read()  # until the test kills this driver
 """
@@ -391,7 +397,7 @@ def test_two_instances_and_a_killed_driver_leaves_nothing(local, tmp_path: Path)
     # so Ray's agents are left running.
     with contextlib.suppress(ProcessLookupError):
         os.kill(saved["launcher"]["pid"], signal.SIGKILL)
-    assert ray_adapter.stop_recorded_instance(record)
+    assert records.stop_recorded_instance(record)
     assert not processes.family(saved["marker"], Path(saved["temp_dir"]))
     assert not record.exists() and not Path(saved["temp_dir"]).exists()
 
@@ -429,4 +435,4 @@ def test_no_process_of_a_private_instance_outlives_a_killed_driver(tmp_path: Pat
             time.sleep(0.05)  # waits for the launcher, not for time
     left = processes.family(saved["marker"], Path(saved["temp_dir"]))
     assert not left, [(p.pid, " ".join(p.cmdline())[:80]) for p in left]
-    ray_adapter.stop_recorded_instance(record)  # the record and the temp folder
+    records.stop_recorded_instance(record)  # the record and the temp folder

@@ -1,0 +1,104 @@
+"""Ray's internals that the platform relies on (tested with Ray 2.60.0).
+
+Everything about starting, joining and authenticating to a Ray cluster that Ray's public API
+cannot do: keeping a loopback address as given (Ray replaces 127.0.0.1 by the machine's address,
+where a loopback-only instance does not listen), Ray's token files, the address file that
+``ray start`` writes and ``--address auto`` reads, and the lines and files by which a node
+started with ``ray start`` tells that it runs. The modules that use them
+(:mod:`studies.launcher`, :mod:`studies.connection`) use Ray's public API for the rest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import ray
+
+from studies.frameworks import reaching
+
+TESTED_VERSION = "2.60.0"
+
+# What `ray start --temp-dir T` writes once its node runs: the cluster's GCS address in
+# T/ray_current_cluster (a head), the line "Ray runtime started" in its output (every node), and
+# the link T/session_latest to the session's folder.
+ADDRESS_FILE = "ray_current_cluster"
+STARTED_LINE = "Ray runtime started"
+SESSION_LINK = "session_latest"
+# Each address-like option of `ray start` takes 0 for "a free port" except these three, whose
+# ports Ray takes from its defaults or from the environment of the processes it starts.
+METRICS_PORT_VARIABLES = ("DASHBOARD_METRIC_PORT", "AUTOSCALER_METRIC_PORT")
+# A loopback --node-ip-address stays loopback only with this (Ray 2.60 otherwise turns it into the
+# machine's address on Linux); a node joining a loopback head needs the prelude below instead.
+KEEP_LOOPBACK_VARIABLE = ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+# Prepended to the script of a `ray start --address` that joins a loopback head: `ray start`
+# resolves a loopback address to the machine's (and refuses to join with the variable above).
+JOIN_LOOPBACK_PRELUDE = (
+    "import ray._private.services as services\n"
+    "services.resolve_ip_for_localhost = lambda host: host\n"
+)
+
+
+def _reaching(what: str) -> contextlib.AbstractContextManager[None]:
+    return reaching("ray", ray.__version__, TESTED_VERSION, what)
+
+
+def recorded_address() -> str | None:
+    """The address of the cluster that ``ray start`` last started on this machine (what Ray's
+    ``address="auto"`` reads), or ``None``."""
+    with _reaching("ray._private.utils.read_ray_address"):
+        from ray._private.utils import read_ray_address
+    return read_ray_address() or None
+
+
+@contextlib.contextmanager
+def loopback_stays_loopback() -> Iterator[None]:
+    """While Ray connects, keep a loopback address as given (``ray.init`` would replace
+    127.0.0.1 by the machine's address, where a loopback-only instance does not listen)."""
+    with _reaching("ray._private.services.resolve_ip_for_localhost"):
+        from ray._private import services
+
+        original = services.resolve_ip_for_localhost
+    services.resolve_ip_for_localhost = lambda host: host
+    try:
+        yield
+    finally:
+        services.resolve_ip_for_localhost = original
+
+
+def enable_token_auth() -> bool:
+    """Token authentication for a new instance, as ``ray.init`` does it (unless RAY_AUTH_MODE
+    says otherwise): this process and its children use it, and the token file is created if
+    missing. Returns whether token authentication is on."""
+    with _reaching("ray._private.authentication.authentication_token_setup"):
+        from ray._private.authentication import authentication_token_setup as auth
+
+        if not auth.enable_token_auth_by_default():
+            return False
+        auth.ensure_token_if_auth_enabled(None, create_token_if_missing=True)
+    return True
+
+
+def send_token_if_present() -> None:
+    """Send the local token when joining a cluster, also with an explicit address (Ray itself
+    does only for ``auto``)."""
+    with _reaching("ray._private.authentication.authentication_token_setup"):
+        from ray._private.authentication import authentication_token_setup as auth
+
+        auth.maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+
+
+def token_path() -> Path:
+    """Where Ray keeps the token (``RAY_AUTH_TOKEN_PATH``, else ``~/.ray/auth_token``)."""
+    return Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+
+
+def local_token() -> str | None:
+    """The token Ray would send (``RAY_AUTH_TOKEN``, else the token file), if any."""
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return os.environ["RAY_AUTH_TOKEN"].strip()
+    with contextlib.suppress(OSError):
+        return token_path().read_text().strip() or None
+    return None

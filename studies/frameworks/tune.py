@@ -1,0 +1,128 @@
+"""Ray Tune's internals and version-specific conventions that the platform relies on (tested
+with Ray Tune 2.60.0).
+
+- :func:`labelled_trainable`: Tune's function-trainable class, subclassed so that the
+  dashboard names each trial's actor;
+- :data:`BOOKKEEPING`: the keys Tune adds to every result (not metrics of the trial);
+- :func:`saved_by_tune`: the names of the files in which Tune saves an experiment;
+- :func:`trial_folder`: how Tune names a trial's folder in the experiment;
+- :func:`trial_error`: where Tune writes a failed trial's error before it syncs it;
+- :func:`quiet_retried_syncs`: the logger and the text of one harmless warning of Tune's syncer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray import tune
+
+from studies.frameworks import reaching
+
+TESTED_VERSION = "2.60.0"
+# Set in a result that came with a checkpoint (the checkpoint's folder name).
+CHECKPOINT_DIR = "checkpoint_dir_name"
+# The logger of Tune's background copies of the experiment to its storage.
+SYNCER_LOGGER = "ray.train._internal.syncer"
+
+
+def _reaching(what: str) -> contextlib.AbstractContextManager[None]:
+    return reaching("tune", ray.__version__, TESTED_VERSION, what)
+
+
+def _bookkeeping() -> frozenset[str]:
+    with _reaching("ray.tune.result.AUTO_RESULT_KEYS"):
+        from ray.tune.result import AUTO_RESULT_KEYS
+    return frozenset({*AUTO_RESULT_KEYS, "done", "trial_id", "should_checkpoint", "experiment_tag"})
+
+
+BOOKKEEPING = _bookkeeping()  # the keys Tune adds to a trial's reported metrics
+
+
+def labelled_trainable(fn: Callable[[dict[str, Any]], Any], label: Callable[[str, Any], str]) -> type:
+    """The Tune trainable running ``fn`` whose actors show ``label(trial_id, config)`` as their
+    Repr.
+
+    Ray records ``repr(actor)`` right after an actor starts when its class defines ``__repr__``
+    (the dashboard's "Repr" column, ``ray.util.state.list_actors(detail=True)[i].repr_name``,
+    the prefix of the actor's log lines); Tune's function wrapper returns the function's name.
+    The class keeps the function's name (the dashboard's "Class" column), so ``Tuner.restore``
+    accepts it for an experiment started with ``fn`` itself. Wrap last:
+    ``labelled_trainable(tune.with_resources(tune.with_parameters(fn, ...), resources), label)``.
+    """
+    with _reaching("ray.tune.trainable.function_trainable.wrap_function"):
+        from ray.tune.trainable.function_trainable import wrap_function
+
+        base = wrap_function(fn)
+        name = base._name
+
+    class LabelledTrial(base):  # type: ignore[misc,valid-type]
+        def __repr__(self) -> str:
+            return label(self.trial_id, self.config)
+
+    LabelledTrial.__name__ = LabelledTrial.__qualname__ = name
+    return LabelledTrial
+
+
+def saved_by_tune(path: Path) -> bool:
+    """Whether Tune saved experiment ``path`` (its trials and its search algorithm) at least once.
+
+    ``Tuner.can_restore`` asks only for ``tuner.pkl``, which the Tuner writes when it is built,
+    before ``fit`` saves anything, and which holds no ``param_space``. A driver killed in that
+    window leaves an experiment that "restores" as a new one without the param_space. Tune
+    writes the trials' state first (``experiment_state-*``) and the search algorithm's next
+    (``search_gen_state-*`` for a searcher, ``basic-variant-state-*`` for a grid).
+    """
+    searcher = any(path.glob("search_gen_state-*.json")) or any(path.glob("basic-variant-state-*.json"))
+    return any(path.glob("experiment_state-*.json")) and searcher
+
+
+def trial_folder(experiment: str) -> str:
+    """The storage folder of the trial this worker runs: Tune names a trial's folder alike in
+    the experiment and in the worker's own trial directory."""
+    return f"{experiment.rstrip('/')}/{Path(tune.get_context().get_trial_dir()).name}"
+
+
+def trial_error(trial: Any) -> str | None:
+    """The text of a failed trial's errors, read where Tune wrote it.
+
+    Tune writes a trial's error file into the driver's staging folder (``trial.error_file``) and
+    copies it to the storage in the background; ``Trial.get_error`` reads the storage copy, which
+    a callback called right after the failure may not find yet (seen under load: the run's tag
+    said the trial had failed without an error while the next callback read the cause).
+    """
+    path = getattr(trial, "error_file", None)
+    if path and Path(path).is_file():
+        return Path(path).read_text()
+    return trial.get_error()
+
+
+class RetriedSyncFilter(logging.Filter):
+    """Drops Tune's traceback for a background state copy that met a file being rewritten.
+
+    Ray copies Tune's staging folder to the storage in the background while Tune keeps saving its
+    state there, each file an atomic write through a ``tmp-`` file. A copy that lists such a file
+    before its rename fails with FileNotFoundError; Ray logs a warning with the traceback, and the
+    next save copies the folder again (the last copy, at the end of ``fit``, is waited for). That
+    one case is logged at debug level; every other message of Ray's syncer passes.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if (message.startswith("Last sync command failed") and "FileNotFoundError" in message
+                and "tmp-" in message):
+            logging.getLogger(__name__).debug(
+                "Tune's background copy met a state file being rewritten; it copies again")
+            return False
+        return True
+
+
+def quiet_retried_syncs() -> None:
+    """Install :class:`RetriedSyncFilter` on Tune's syncer logger (once)."""
+    syncer = logging.getLogger(SYNCER_LOGGER)
+    if not any(isinstance(f, RetriedSyncFilter) for f in syncer.filters):
+        syncer.addFilter(RetriedSyncFilter())

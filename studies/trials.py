@@ -1,0 +1,72 @@
+"""One config per trial: resolved once on the driver, shipped with the trial, read by all.
+
+A trial is its condition (the row of the study's tables), the values that tell it apart from the
+condition's other trials (what the searcher drew, or a confirmation run's winning values and its
+seed) and, resolved from those once, its validated :class:`~icr.config.ExperimentConfig` and the
+MLflow params it records: the keys its configuration uses (:func:`icr.config.used_keys`), with
+their values. :class:`TrialSpec.resolve` is the one place where that happens. The searcher
+resolves a search trial as soon as it has drawn its values (:mod:`studies.searcher`), the
+confirmation resolves each (condition, seed) before its Tuner starts (:mod:`studies.tuning`);
+Tune ships the spec to the worker in the trial's config (key :data:`KEY`), where the trainable
+trains ``spec.config``, and the driver's recorder logs ``spec.params``: nobody builds it again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from icr.config import ExperimentConfig, Scalar, from_flat, to_flat, used_keys
+
+KEY = "trial"  # the key of a trial's TrialSpec in its Tune config
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    """A trial, resolved.
+
+    Attributes:
+        condition: the condition (row) the trial belongs to.
+        values: the dotted keys that tell it apart (sampled values; a winner's values and
+            ``train.seed``), applied over the condition's overrides.
+        config: the validated config it trains.
+        params: the keys ``config`` uses, with their values: what MLflow records.
+    """
+
+    condition: str
+    values: Mapping[str, Scalar]
+    config: ExperimentConfig
+    params: Mapping[str, Scalar]
+
+    @classmethod
+    def resolve(cls, condition: str, overrides: Mapping[str, Scalar],
+                values: Mapping[str, Scalar]) -> TrialSpec:
+        """The trial of ``condition`` (its flat ``overrides``) given ``values``: validated once."""
+        config = from_flat({**overrides, **values})
+        flat = to_flat(config)
+        return cls(condition, dict(values), config, {key: flat[key] for key in used_keys(config)})
+
+    @property
+    def seed(self) -> int:
+        return self.config.train.seed
+
+    @property
+    def name(self) -> str:
+        """``lagrangian eta=0.112`` / ``dual seed=1001``: the condition and its values."""
+        return run_name(self.condition, self.values)
+
+    def __str__(self) -> str:  # how Tune names the trial (its tag and folder)
+        return self.name
+
+
+def run_name(condition: str, values: Mapping[str, Any]) -> str:
+    """``lagrangian eta=0.112`` / ``dual seed=1001``: the condition and what the trial chose."""
+    shown = " ".join(f"{k.split('.')[-1]}={v:.3g}" if isinstance(v, float)
+                     else f"{k.split('.')[-1]}={v}" for k, v in values.items())
+    return f"{condition} {shown}".strip()
+
+
+def spec_of(config: Mapping[str, Any]) -> TrialSpec:
+    """The TrialSpec in a trial's Tune config."""
+    return config[KEY]

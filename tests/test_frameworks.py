@@ -1,0 +1,126 @@
+"""Ray, Tune, Optuna and MLflow through their public APIs; their internals only in their adapters.
+
+DESIGN.md: whatever must touch a framework's internals or depends on its version lives in
+``studies/frameworks/`` (one module per framework, with the version it was tested against).
+This test reads every module of the project (``icr``, ``studies``, ``benchmarks``, ``tests``)
+outside that package and the adapters' own tests (``tests/test_frameworks_*.py``) and finds:
+
+- an import of a private module or name of a framework (``ray._private``, ``from ray.train._internal
+  import ...``, ``from mlflow.x import _y``);
+- a string naming one (a script or a logger name such as ``"ray.train._internal.syncer"``);
+- a private attribute (``obj._name``) that the project itself defines nowhere, so it belongs to a
+  library's object (``client._tracking_client``, ``OptunaSearch._ot_trials``).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FRAMEWORKS = ("ray", "mlflow", "optuna", "optuna_integration")
+PRIVATE_PATH = re.compile(r"\b(?:" + "|".join(FRAMEWORKS) + r")(?:\.\w+)*\._\w")
+# Private names of other libraries that the project may use (not frameworks of the adapters).
+ALLOWED = {
+    "_BatchNorm": "torch.nn's base class of every BatchNorm layer (isinstance checks)",
+}
+
+
+def _modules() -> list[Path]:
+    return sorted(p for folder in ("icr", "studies", "benchmarks", "tests")
+                  for p in (ROOT / folder).rglob("*.py"))
+
+
+def _scanned() -> list[Path]:
+    return [p for p in _modules() if "frameworks" not in p.relative_to(ROOT).parts
+            and not p.name.startswith("test_frameworks")]
+
+
+def _defined_names() -> set[str]:
+    """Every name the project binds anywhere: its own private names are its own business."""
+    names: set[str] = set()
+    for path in _modules():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                names.add(node.name)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                names.add(node.attr)
+            elif isinstance(node, ast.arg):
+                names.add(node.arg)
+    return names
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def private_access(path: Path, own: set[str]) -> list[str]:
+    """Where ``path`` reaches into a framework's internals: ``line: what`` each."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            modules = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                       else [node.module or ""])
+            for module in modules:
+                parts = module.split(".")
+                if parts[0] in FRAMEWORKS and any(_private(p) for p in parts[1:]):
+                    found.append(f"{node.lineno}: import of {module}")
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in FRAMEWORKS:
+                found += [f"{node.lineno}: import of {node.module}.{a.name}"
+                          for a in node.names if _private(a.name)]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if PRIVATE_PATH.search(node.value):
+                found.append(f"{node.lineno}: names {PRIVATE_PATH.search(node.value).group(0)}...")
+        elif (isinstance(node, ast.Attribute) and _private(node.attr) and node.attr not in own
+              and node.attr not in ALLOWED):
+            found.append(f"{node.lineno}: attribute .{node.attr}")
+    return found
+
+
+def test_no_private_framework_access_outside_the_adapters() -> None:
+    own = _defined_names()
+    found = {str(p.relative_to(ROOT)): private_access(p, own) for p in _scanned()}
+    assert {k: v for k, v in found.items() if v} == {}
+
+
+def test_the_scan_finds_what_it_looks_for(tmp_path: Path) -> None:
+    """The three kinds of access, on a module written to hold one of each."""
+    module = tmp_path / "bad.py"
+    module.write_text(
+        "from ray._private import services\n"
+        "from mlflow.store.tracking import _helper\n"
+        "LOGGER = 'ray.train._internal.syncer'\n"
+        "def f(client):\n"
+        "    return client._tracking_client\n")
+    found = private_access(module, own=set())
+    assert [line.split(":")[0] for line in found] == ["1", "2", "3", "5"], found
+
+
+@pytest.mark.parametrize("framework", ["ray", "tune", "optuna", "mlflow"])
+def test_each_adapter_names_the_version_it_was_tested_against(framework: str) -> None:
+    import importlib
+
+    adapter = importlib.import_module(f"studies.frameworks.{framework}")
+    installed = importlib.import_module({"tune": "ray"}.get(framework, framework)).__version__
+    assert installed == adapter.TESTED_VERSION, (
+        f"studies/frameworks/{framework}.py was tested with {adapter.TESTED_VERSION}, "
+        f"{installed} is installed: rerun the tests and update TESTED_VERSION")
+
+
+def test_an_internal_that_moved_is_one_line_naming_both_versions(monkeypatch) -> None:
+    import sys
+
+    from studies.frameworks import FrameworkChanged
+    from studies.frameworks import ray as ray_internals
+
+    monkeypatch.setitem(sys.modules, "ray._private.utils", None)  # as if the module were gone
+    with pytest.raises(FrameworkChanged) as error:
+        ray_internals.recorded_address()
+    message = str(error.value)
+    assert "\n" not in message and ray_internals.TESTED_VERSION in message
+    assert "ray._private.utils.read_ray_address has changed" in message
