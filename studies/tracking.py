@@ -27,7 +27,8 @@ opens it on its runs, not on the GenAI traces page. Its artifacts live in the wo
 opened from a moved or copied workspace has its locations pointed at that workspace
 (:func:`relocate_artifacts`).
 
-An epoch is recorded in one transaction (metrics and trajectory together, :func:`insert_metrics`).
+An epoch's record (its metrics and trajectory rows together) goes the fastest way the store
+allows (:class:`Tracker`); MLflow's tables are written only by :mod:`studies.frameworks.mlflow`.
 """
 
 from __future__ import annotations
@@ -41,23 +42,19 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import sqlalchemy
+from mlflow import MlflowClient, MlflowException, RunOperations
 from mlflow.entities import Metric, Param, RunTag
-from mlflow.store.tracking.dbmodels.models import SqlExperiment, SqlLatestMetric, SqlMetric, SqlRun
-from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
-from mlflow.tracking import MlflowClient
-from mlflow.utils.file_utils import local_file_uri_to_path as local_path
 from ray.tune import Callback
 from ray.tune.result import AUTO_RESULT_KEYS
 
 from icr.errors import UserError
+from studies.frameworks import mlflow as mlflow_adapter
 
 log = logging.getLogger(__name__)
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 PARENT_TAG = "mlflow.parentRunId"
 MAX_PARAM_CHARS = 500  # MLflow's limit on a param value
-MAX_BATCH = 1000  # MLflow's limit on the metrics of one log_batch call
 RECORD_KEYS = {"trajectory", "artifacts", "final"}  # the EpochReport fields beside its metrics
 CHECKPOINT_DIR = "checkpoint_dir_name"  # set in a Tune result that came with a checkpoint
 # The tag MLflow 3's UI reads to choose an experiment's page (its JS bundle: "Machine learning"
@@ -87,17 +84,40 @@ def git_commit(root: Path = PROJECT_ROOT) -> str:
 
 
 class Tracker:
-    """A thin layer over MlflowClient for one study's experiment."""
+    """One study's experiment in MLflow, recorded through MLflow's public client.
 
-    def __init__(self, tracking_uri: str, experiment: str, artifact_root: Path | None = None):
+    An epoch's record (:meth:`log_batch`) goes the fastest way the store allows, as measured by
+    ``benchmarks/tracking_throughput.py``:
+
+    - a local sqlite store: one SQL transaction per record
+      (:func:`studies.frameworks.mlflow.insert_metrics`, the store's schema checked first), as
+      MLflow's ``log_batch`` records fewer than the 50 records a second a study needs; a
+      record MLflow must judge (already recorded after a resume, a deleted run) goes through
+      ``log_batch``, which skips what it has or raises its error;
+    - any other store (an MLflow server: ``http``, ``https``): MLflow's asynchronous
+      ``log_batch``. What is queued is waited for before a run is finished, before the store
+      is read through this tracker (:meth:`last_step`, :meth:`find_runs`) and by
+      :meth:`flush`; a write that failed is reported in one error line.
+
+    ``sql_metrics`` chooses the way (default: the SQL transaction exactly for a sqlite store).
+    """
+
+    def __init__(self, tracking_uri: str, experiment: str, artifact_root: Path | None = None,
+                 *, sql_metrics: bool | None = None):
         self.tracking_uri = tracking_uri
         self.experiment = experiment
         self.artifact_root = artifact_root
+        self.store_file = mlflow_adapter.sqlite_file(tracking_uri)  # None: not a sqlite store
+        self.sql_metrics = self.store_file is not None if sql_metrics is None else sql_metrics
+        if self.sql_metrics and self.store_file is None:
+            raise ValueError(f"records in one SQL transaction need a sqlite:/// store, not {tracking_uri}")
+        self._store_checked = False
         self._client: MlflowClient | None = None
         self._experiment_id: str | None = None
+        self._pending: dict[str, list[RunOperations]] = {}  # run id -> its queued writes
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_client": None}
+        return {**self.__dict__, "_client": None, "_pending": {}}
 
     @property
     def client(self) -> MlflowClient:
@@ -123,18 +143,25 @@ class Tracker:
             if EXPERIMENT_KIND_TAG not in found.tags:  # made before the tag was set
                 self.client.set_experiment_tag(found.experiment_id, EXPERIMENT_KIND_TAG,
                                                EXPERIMENT_KIND)
-            store = self.client._tracking_client.store
-            if self._own_store() and isinstance(store, SqlAlchemyStore):
-                relocate_artifacts(store, self.artifact_root)
+            if self._own_store():
+                self._check_store()
+                for experiment_id, new, old in mlflow_adapter.relocate_artifacts(
+                        self.store_file, self.artifact_root):
+                    log.info("artifacts of experiment %s: %s (was %s)", experiment_id, new, old)
         return self._experiment_id
 
     def _own_store(self) -> bool:
         """The store is the sqlite file of the workspace that holds the artifact root (a store
         shared by several workspaces keeps the locations each recorded)."""
-        if self.artifact_root is None or not self.tracking_uri.startswith("sqlite:///"):
+        if self.artifact_root is None or self.store_file is None:
             return False
-        db = Path(self.tracking_uri.removeprefix("sqlite:///"))
-        return db.resolve().parent == self.artifact_root.resolve().parent
+        return self.store_file.resolve().parent == self.artifact_root.resolve().parent
+
+    def _check_store(self) -> None:
+        """Before the adapter's first SQL write: the store is at the schema it writes."""
+        if not self._store_checked:
+            mlflow_adapter.check_sqlite_store(self.store_file)
+            self._store_checked = True
 
     def create_run(self, name: str, tags: Mapping[str, str], params: Mapping[str, Any] = ()) -> str:
         run = self.client.create_run(self.experiment_id, run_name=name, tags=dict(tags))
@@ -142,6 +169,7 @@ class Tracker:
         return run.info.run_id
 
     def find_runs(self, filter_string: str) -> list[Any]:
+        self.flush()  # what this tracker queued is in what it finds
         runs, token = [], None
         while True:
             page = self.client.search_runs(
@@ -168,125 +196,74 @@ class Tracker:
         tags = {**tags, PARENT_TAG: parent_id, "tune_trial_id": trial_id}
         return self.create_run(name, tags, params)
 
+    # Params and tags are written synchronously (also where MLFLOW_ENABLE_ASYNC_LOGGING is set):
+    # a run is found by its tags, and few of them are written.
     def log_params(self, run_id: str, params: Mapping[str, Any]) -> None:
         items = [Param(k, str(v)[:MAX_PARAM_CHARS]) for k, v in params.items()]
-        for i in range(0, len(items), 100):
-            self.client.log_batch(run_id, params=items[i : i + 100])
+        if items:
+            self.client.log_batch(run_id, params=items, synchronous=True)
 
     def log_metrics(self, run_id: str, metrics: Mapping[str, float], step: int) -> None:
         now = int(time.time() * 1000)
         self.log_batch(run_id, [Metric(k, float(v), now, step) for k, v in metrics.items()])
 
     def log_batch(self, run_id: str, metrics: list[Metric]) -> None:
-        """Metrics of any steps in one transaction (a SQL store) or as few calls as MLflow allows."""
-        store = self.client._tracking_client.store
-        if isinstance(store, SqlAlchemyStore) and metrics:
-            try:
-                insert_metrics(store, run_id, metrics)
-                return
-            except sqlalchemy.exc.IntegrityError:  # a metric already recorded: MLflow dedups
-                log.debug("run %s: a metric was already recorded; logging through MLflow", run_id)
-        for i in range(0, len(metrics), MAX_BATCH):
-            self.client.log_batch(run_id, metrics=metrics[i : i + MAX_BATCH])
+        """Record metrics of any steps as one record: in one SQL transaction (a sqlite store)
+        or queued for MLflow's asynchronous ``log_batch`` (see the class docstring)."""
+        if not metrics:
+            return
+        if not self.sql_metrics:
+            operations = self.client.log_batch(run_id, metrics=metrics, synchronous=False)
+            self._pending.setdefault(run_id, []).append(operations)
+            return
+        self._check_store()
+        if not mlflow_adapter.insert_metrics(self.store_file, run_id, metrics):
+            log.debug("run %s: a record for MLflow to judge; logged through MLflow", run_id)
+            self.client.log_batch(run_id, metrics=metrics, synchronous=True)
+
+    def flush(self, run_id: str | None = None) -> int:
+        """Wait for the queued writes of ``run_id`` (default: of every run).
+
+        A write that failed is not retried: each run's failures are reported in one error line
+        (what those records held is not in MLflow). Returns how many writes failed.
+        """
+        failed = 0
+        for run in [run_id] if run_id is not None else list(self._pending):
+            operations = self._pending.pop(run, [])
+            errors = []
+            for operation in operations:
+                try:
+                    operation.wait()
+                except MlflowException as exc:
+                    errors.append(exc)
+            if errors:
+                log.error("MLflow did not record %d of the %d records queued for run %s: %s",
+                          len(errors), len(operations), run, _first_line(errors[0]))
+            failed += len(errors)
+        return failed
 
     def set_tags(self, run_id: str, tags: Mapping[str, Any]) -> None:
-        self.client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+        self.client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()],
+                              synchronous=True)
 
     def last_step(self, run_id: str, key: str) -> int:
+        self.flush(run_id)
         history = self.client.get_metric_history(run_id, key)
         return max((m.step for m in history), default=0)
 
     def finish(self, run_id: str, status: str = "FINISHED") -> None:
+        self.flush(run_id)  # a run is finished with every record it was given
         self.client.set_terminated(run_id, status=status)
 
 
-def insert_metrics(store: SqlAlchemyStore, run_id: str, metrics: list[Metric]) -> None:
-    """Record ``metrics`` in a SQL tracking store in one transaction, as ``log_batch`` would.
-
-    MLflow's ``log_batch`` builds an ORM object per metric and costs about 0.3 ms a metric, so an
-    epoch record of 300 metrics (its trajectory rows) takes 100 ms and one driver records fewer
-    than 10 epochs a second. This writes the same rows with two bulk statements: the metric
-    history (MLflow's ``metrics`` table) and the latest value per key (``latest_metrics``, what
-    the runs table shows), updated only where the new value is more recent by (step, timestamp,
-    value), MLflow's rule; NaN and infinities are stored as MLflow stores them.
-    ``tests/test_tracking.py`` holds its result equal to ``log_batch``'s.
-
-    Raises:
-        sqlalchemy.exc.IntegrityError: a metric of the batch is already recorded (nothing written).
-    """
-    rows, newest = [], {}
-    for m in metrics:
-        is_nan, value = store.sanitize_metric_value(float(m.value))
-        row = {"run_uuid": run_id, "key": m.key, "value": value, "timestamp": m.timestamp,
-               "step": m.step, "is_nan": is_nan}
-        rows.append(row)
-        old = newest.get(m.key)
-        if old is None or (m.step, m.timestamp, value) > (old["step"], old["timestamp"], old["value"]):
-            newest[m.key] = row
-    metric_table, latest_table = SqlMetric.__table__, SqlLatestMetric.__table__
-    with store.engine.begin() as conn:
-        conn.execute(sqlalchemy.insert(metric_table), rows)
-        stored = {
-            r.key: r for r in conn.execute(
-                sqlalchemy.select(latest_table).where(
-                    latest_table.c.run_uuid == run_id, latest_table.c.key.in_(list(newest))))
-        }
-        inserts = [row for key, row in newest.items() if key not in stored]
-        updates = [row for key, row in newest.items() if key in stored and (
-            row["step"], row["timestamp"], row["value"])
-            > (stored[key].step, stored[key].timestamp, stored[key].value)]
-        if inserts:
-            conn.execute(sqlalchemy.insert(latest_table), inserts)
-        if updates:
-            conn.execute(
-                sqlalchemy.update(latest_table)
-                .where(latest_table.c.run_uuid == sqlalchemy.bindparam("b_run"),
-                       latest_table.c.key == sqlalchemy.bindparam("b_key"))
-                .values(value=sqlalchemy.bindparam("value"), step=sqlalchemy.bindparam("step"),
-                        timestamp=sqlalchemy.bindparam("timestamp"),
-                        is_nan=sqlalchemy.bindparam("is_nan")),
-                [{**row, "b_run": row["run_uuid"], "b_key": row["key"]} for row in updates],
-            )
-
-
-def relocate_artifacts(store: SqlAlchemyStore, root: Path) -> int:
-    """Point the artifact locations a moved or copied workspace's store recorded at ``root``.
-
-    MLflow turns an experiment's artifact location into an absolute path when it creates the
-    experiment, and a run's artifact URI is that path plus the run's folder, so a copied workspace
-    would read (or miss) the original's files. Every experiment located in a folder
-    ``<old workspace>/mlartifacts/<name>`` other than ``root/<name>`` is moved to
-    ``root/<name>``, its runs with it; locations elsewhere (a shared store, S3) are left alone.
-    Returns how many experiments were moved.
-    """
-    root = root.resolve()
-    moved = 0
-    with store.engine.begin() as conn:
-        experiments = SqlExperiment.__table__
-        runs = SqlRun.__table__
-        for row in conn.execute(sqlalchemy.select(experiments.c.experiment_id,
-                                                  experiments.c.artifact_location)):
-            old = row.artifact_location or ""
-            if not old.startswith("file://"):
-                continue
-            path = Path(local_path(old))
-            if path.parent.name != root.name or path.parent == root:
-                continue
-            new = (root / path.name).as_uri()
-            conn.execute(sqlalchemy.update(experiments)
-                         .where(experiments.c.experiment_id == row.experiment_id)
-                         .values(artifact_location=new))
-            conn.execute(sqlalchemy.update(runs)
-                         .where(runs.c.experiment_id == row.experiment_id,
-                                runs.c.artifact_uri.startswith(old + "/"))
-                         .values(artifact_uri=sqlalchemy.func.replace(runs.c.artifact_uri, old, new)))
-            log.info("artifacts of experiment %s: %s (was %s)", row.experiment_id, new, old)
-            moved += 1
-    return moved
+def _first_line(error: BaseException, limit: int = 300) -> str:
+    lines = str(error).strip().splitlines()
+    return (lines[0] if lines else type(error).__name__)[:limit]
 
 
 def check_store(tracking_uri: str, busy_timeout: float = 30.0) -> None:
-    """A sqlite tracking store that exists must be an intact database.
+    """A sqlite tracking store that exists must be an intact database, at the schema that the
+    installed MLflow and the platform's SQL writes (:mod:`studies.frameworks.mlflow`) expect.
 
     Checked on the driver before Ray starts (``PRAGMA quick_check`` reads every page, 0.25 s
     for 250 MB): MLflow would otherwise fail on the store's first damaged page, after the study
@@ -296,28 +273,28 @@ def check_store(tracking_uri: str, busy_timeout: float = 30.0) -> None:
     Raises:
         UserError: one line naming the file, what is wrong and the fix.
     """
-    if not tracking_uri.startswith("sqlite:///"):
+    db = mlflow_adapter.sqlite_file(tracking_uri)
+    if db is None:
         return
-    db = Path(tracking_uri.removeprefix("sqlite:///"))
-    if not db.is_file():
-        return
-    try:
-        with contextlib.closing(sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True,
-                                                timeout=busy_timeout)) as con:
-            rows = con.execute("PRAGMA quick_check").fetchall()
-        problem = "" if rows == [("ok",)] else str(rows[0][0]).splitlines()[0]
-    except sqlite3.OperationalError as exc:
-        if "locked" in str(exc) or "busy" in str(exc):  # another study writes to it: not damage
-            log.info("the MLflow store %s is busy; not checked", db)
-            return
-        problem = str(exc).splitlines()[0]
-    except sqlite3.Error as exc:
-        problem = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    if problem:
-        raise UserError(
-            f"the MLflow store {db} is damaged ({problem}); move it aside (mv {db} {db}.damaged: "
-            "the next run starts a new store) or put back a copy from a backup, then run the "
-            "same command again")
+    if db.is_file():
+        try:
+            with contextlib.closing(sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True,
+                                                    timeout=busy_timeout)) as con:
+                rows = con.execute("PRAGMA quick_check").fetchall()
+            problem = "" if rows == [("ok",)] else str(rows[0][0]).splitlines()[0]
+        except sqlite3.OperationalError as exc:
+            if "locked" in str(exc) or "busy" in str(exc):  # another study writes to it
+                log.info("the MLflow store %s is busy; not checked", db)
+                return
+            problem = str(exc).splitlines()[0]
+        except sqlite3.Error as exc:
+            problem = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if problem:
+            raise UserError(
+                f"the MLflow store {db} is damaged ({problem}); move it aside (mv {db} "
+                f"{db}.damaged: the next run starts a new store) or put back a copy from a "
+                "backup, then run the same command again")
+    mlflow_adapter.check_sqlite_store(db)
 
 
 def numeric_metrics(result: Mapping[str, Any]) -> dict[str, float]:
@@ -452,6 +429,9 @@ class MlflowTrialCallback(Callback):
                 if path.is_file():
                     folder = str(Path(name).parent)
                     self.tracker.client.log_artifact(run_id, str(path), artifact_path=folder)
+
+    def on_experiment_end(self, trials: list, **info: Any) -> None:
+        self.tracker.flush()  # the records still queued for a server, before the report reads them
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         run_id = self.run_id(trial)
