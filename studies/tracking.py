@@ -37,8 +37,9 @@ import contextlib
 import logging
 import re
 import sqlite3
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -83,23 +84,82 @@ def git_commit(root: Path = PROJECT_ROOT) -> str:
     return ""
 
 
+class RecordWriter:
+    """Epoch records written into a sqlite store by a background thread, each transaction
+    holding every record queued by then.
+
+    A commit costs the disk syncs of a transaction (about 20 ms on a busy machine), the rows of a
+    record about 1 ms, so records that arrive while one is written are committed with the next
+    (``benchmarks/tracking_throughput.py``). The thread runs while records are queued and is not
+    a daemon: a driver that exits writes what it queued first. A record the adapter leaves to
+    MLflow (recorded already after a resume, a deleted run) goes to ``judge``: MLflow's
+    ``log_batch``.
+    """
+
+    def __init__(self, db: Path, judge: Callable[[str, list[Metric]], None]) -> None:
+        self.db = db
+        self._judge = judge
+        self._lock = threading.Condition()
+        self._queued: list[tuple[str, list[Metric]]] = []
+        self._running = False  # a thread writes the queue
+        self._failed: list[tuple[str, BaseException]] = []
+
+    def put(self, run_id: str, metrics: list[Metric]) -> None:
+        with self._lock:
+            self._queued.append((run_id, metrics))
+            if not self._running:
+                threading.Thread(target=self._drain, name="mlflow-record-writer").start()
+                self._running = True
+
+    def wait(self) -> list[tuple[str, BaseException]]:
+        """Wait until every queued record is written; returns (run id, error) of each record
+        that could not be, since the last wait."""
+        with self._lock:
+            self._lock.wait_for(lambda: not self._running)
+            failed, self._failed = self._failed, []
+        return failed
+
+    def _drain(self) -> None:
+        while True:
+            with self._lock:
+                records, self._queued = self._queued, []
+                if not records:
+                    self._running = False
+                    self._lock.notify_all()
+                    return
+            self._write(records)
+
+    def _write(self, records: list[tuple[str, list[Metric]]]) -> None:
+        """Never raises: the thread must go on to empty the queue (wait() waits for that)."""
+        with contextlib.suppress(Exception):  # then each record on its own, with its error
+            if mlflow_adapter.insert_metrics(self.db, records):
+                return
+        for run_id, metrics in records:
+            try:
+                if not mlflow_adapter.insert_metrics(self.db, [(run_id, metrics)]):
+                    self._judge(run_id, metrics)
+            except Exception as exc:  # no caller to raise to: wait() reports it
+                with self._lock:
+                    self._failed.append((run_id, exc))
+
+
 class Tracker:
     """One study's experiment in MLflow, recorded through MLflow's public client.
 
-    An epoch's record (:meth:`log_batch`) goes the fastest way the store allows, as measured by
-    ``benchmarks/tracking_throughput.py``:
+    Epoch records (:meth:`log_batch`) are queued and written the fastest way the store allows,
+    as measured by ``benchmarks/tracking_throughput.py`` (MLflow's ``log_batch`` records fewer
+    than the 50 records a second a study needs on a local store):
 
-    - a local sqlite store: one SQL transaction per record
-      (:func:`studies.frameworks.mlflow.insert_metrics`, the store's schema checked first), as
-      MLflow's ``log_batch`` records fewer than the 50 records a second a study needs; a
-      record MLflow must judge (already recorded after a resume, a deleted run) goes through
-      ``log_batch``, which skips what it has or raises its error;
+    - a local sqlite store: SQL transactions of the records queued (:class:`RecordWriter`,
+      :func:`studies.frameworks.mlflow.insert_metrics`), the store's schema checked first;
     - any other store (an MLflow server: ``http``, ``https``): MLflow's asynchronous
-      ``log_batch``. What is queued is waited for before a run is finished, before the store
-      is read through this tracker (:meth:`last_step`, :meth:`find_runs`) and by
-      :meth:`flush`; a write that failed is reported in one error line.
+      ``log_batch``.
 
-    ``sql_metrics`` chooses the way (default: the SQL transaction exactly for a sqlite store).
+    What is queued is written before a run is finished, before the store is read through this
+    tracker (:meth:`last_step`, :meth:`find_runs`) and by :meth:`flush`; a record that could
+    not be written is reported in one error line. Everything else (runs, params, tags, the few
+    metrics of :meth:`log_metrics`) is written at once through MLflow's client.
+    ``sql_metrics`` chooses the way (default: SQL exactly for a sqlite store).
     """
 
     def __init__(self, tracking_uri: str, experiment: str, artifact_root: Path | None = None,
@@ -110,14 +170,15 @@ class Tracker:
         self.store_file = mlflow_adapter.sqlite_file(tracking_uri)  # None: not a sqlite store
         self.sql_metrics = self.store_file is not None if sql_metrics is None else sql_metrics
         if self.sql_metrics and self.store_file is None:
-            raise ValueError(f"records in one SQL transaction need a sqlite:/// store, not {tracking_uri}")
+            raise ValueError(f"SQL writes need a sqlite:/// store, not {tracking_uri}")
         self._store_checked = False
         self._client: MlflowClient | None = None
         self._experiment_id: str | None = None
-        self._pending: dict[str, list[RunOperations]] = {}  # run id -> its queued writes
+        self._writer: RecordWriter | None = None
+        self._pending: dict[str, list[RunOperations]] = {}  # run id -> its writes queued in MLflow
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_client": None, "_pending": {}}
+        return {**self.__dict__, "_client": None, "_writer": None, "_pending": {}}
 
     @property
     def client(self) -> MlflowClient:
@@ -196,53 +257,57 @@ class Tracker:
         tags = {**tags, PARENT_TAG: parent_id, "tune_trial_id": trial_id}
         return self.create_run(name, tags, params)
 
-    # Params and tags are written synchronously (also where MLFLOW_ENABLE_ASYNC_LOGGING is set):
-    # a run is found by its tags, and few of them are written.
     def log_params(self, run_id: str, params: Mapping[str, Any]) -> None:
+        """Written at once, as tags are (also where ``MLFLOW_ENABLE_ASYNC_LOGGING`` is set)."""
         items = [Param(k, str(v)[:MAX_PARAM_CHARS]) for k, v in params.items()]
         if items:
             self.client.log_batch(run_id, params=items, synchronous=True)
 
     def log_metrics(self, run_id: str, metrics: Mapping[str, float], step: int) -> None:
+        """A few metrics (a summary, an analysis), written at once."""
         now = int(time.time() * 1000)
-        self.log_batch(run_id, [Metric(k, float(v), now, step) for k, v in metrics.items()])
+        self.client.log_batch(run_id, metrics=[Metric(k, float(v), now, step)
+                                               for k, v in metrics.items()], synchronous=True)
 
     def log_batch(self, run_id: str, metrics: list[Metric]) -> None:
-        """Record metrics of any steps as one record: in one SQL transaction (a sqlite store)
-        or queued for MLflow's asynchronous ``log_batch`` (see the class docstring)."""
+        """Queue one record (metrics of any steps) for the store (see the class docstring)."""
         if not metrics:
             return
         if not self.sql_metrics:
             operations = self.client.log_batch(run_id, metrics=metrics, synchronous=False)
             self._pending.setdefault(run_id, []).append(operations)
             return
-        self._check_store()
-        if not mlflow_adapter.insert_metrics(self.store_file, run_id, metrics):
-            log.debug("run %s: a record for MLflow to judge; logged through MLflow", run_id)
-            self.client.log_batch(run_id, metrics=metrics, synchronous=True)
+        if self._writer is None:
+            self._check_store()
+            self._writer = RecordWriter(self.store_file, self._log_through_mlflow)
+        self._writer.put(run_id, metrics)
+
+    def _log_through_mlflow(self, run_id: str, metrics: list[Metric]) -> None:
+        log.debug("run %s: a record for MLflow to judge", run_id)
+        self.client.log_batch(run_id, metrics=metrics, synchronous=True)
 
     def flush(self, run_id: str | None = None) -> int:
-        """Wait for the queued writes of ``run_id`` (default: of every run).
+        """Wait until the queued records are written (those of ``run_id``, else all).
 
-        A write that failed is not retried: each run's failures are reported in one error line
-        (what those records held is not in MLflow). Returns how many writes failed.
+        A record that could not be written is not retried: each run's are reported in one error
+        line (what they held is not in MLflow). Returns how many records were lost.
         """
-        failed = 0
+        lost: dict[str, list[BaseException]] = {}
+        for run, error in self._writer.wait() if self._writer is not None else ():
+            lost.setdefault(run, []).append(error)
         for run in [run_id] if run_id is not None else list(self._pending):
-            operations = self._pending.pop(run, [])
-            errors = []
-            for operation in operations:
+            for operations in self._pending.pop(run, []):
                 try:
-                    operation.wait()
+                    operations.wait()
                 except MlflowException as exc:
-                    errors.append(exc)
-            if errors:
-                log.error("MLflow did not record %d of the %d records queued for run %s: %s",
-                          len(errors), len(operations), run, _first_line(errors[0]))
-            failed += len(errors)
-        return failed
+                    lost.setdefault(run, []).append(exc)
+        for run, errors in lost.items():
+            log.error("MLflow did not record %d epoch record(s) of run %s: %s", len(errors),
+                      run, _first_line(errors[0]))
+        return sum(len(errors) for errors in lost.values())
 
     def set_tags(self, run_id: str, tags: Mapping[str, Any]) -> None:
+        """Written at once: a resumed study finds a trial's run by its tags."""
         self.client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()],
                               synchronous=True)
 

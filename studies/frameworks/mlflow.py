@@ -2,10 +2,10 @@
 
 Everything else records through MLflow's public client. Two things cannot be done that way:
 
-- :func:`insert_metrics`: an epoch record written into a local sqlite store in one
-  transaction. MLflow's ``log_batch`` builds an ORM object per value and records fewer than 50
-  epochs a second (each epoch is about 40 metrics and 60 trajectory rows of 4 terms, 280
-  values); one driver records every trial of a study. ``benchmarks/tracking_throughput.py``
+- :func:`insert_metrics`: epoch records written into a local sqlite store in one transaction.
+  MLflow's ``log_batch`` builds an ORM object per value and commits each call: it records fewer
+  than 50 epochs a second (an epoch is about 40 metrics and 60 trajectory rows of 4 terms, 280
+  values), and one driver records every trial of a study. ``benchmarks/tracking_throughput.py``
   measures both.
 - :func:`relocate_artifacts`: MLflow has no API that changes an experiment's artifact location.
 
@@ -142,25 +142,28 @@ def _stored(value: float) -> tuple[float, int]:
     return value, 0
 
 
-def insert_metrics(db: Path, run_id: str, metrics: Sequence[Metric]) -> bool:
-    """Record ``metrics`` of run ``run_id`` in the sqlite store ``db`` as ``log_batch`` would, in
-    one transaction: the history rows (``metrics``) and the latest value per key
+def insert_metrics(db: Path, records: Sequence[tuple[str, Sequence[Metric]]]) -> bool:
+    """Record ``records`` (run id, its metrics) in the sqlite store ``db`` as ``log_batch`` would,
+    all in one transaction: the history rows (``metrics``) and the latest value per key
     (``latest_metrics``, what the runs table shows), replaced only by a value with a greater
     (step, timestamp, value). ``tests/test_tracking.py`` holds the result equal to
     ``log_batch``'s. Call :func:`check_sqlite_store` first.
 
     Returns:
-        True when written; False when nothing was written because MLflow must judge the record
-        (a metric of it is recorded already, the run is unknown or deleted): the caller logs it
-        through ``MlflowClient.log_batch``, which skips what is recorded or raises its error.
+        True when written; False when nothing was written because MLflow must judge a record
+        (a metric of it is recorded already, its run is unknown or deleted): the caller logs
+        the records through ``MlflowClient.log_batch``, which skips what is recorded or raises
+        its error.
     """
-    rows = [(m.key, *_stored(float(m.value)), m.timestamp, m.step, run_id) for m in metrics]
+    rows = [(m.key, *_stored(float(m.value)), m.timestamp, m.step, run_id)
+            for run_id, metrics in records for m in metrics]
     try:
         with _transaction(db) as con:
-            stage = con.execute("SELECT lifecycle_stage FROM runs WHERE run_uuid = ?",
-                                (run_id,)).fetchone()
-            if stage != ("active",):
-                raise _LeftToMlflow
+            for run_id in {run_id for run_id, _ in records}:
+                stage = con.execute("SELECT lifecycle_stage FROM runs WHERE run_uuid = ?",
+                                    (run_id,)).fetchone()
+                if stage != ("active",):
+                    raise _LeftToMlflow
             con.executemany(_INSERT_METRIC, rows)
             con.executemany(_UPSERT_LATEST, rows)
     except (_LeftToMlflow, sqlite3.IntegrityError):
