@@ -25,7 +25,7 @@ The experiment carries MLflow's experiment-kind tag (``mlflow.experimentKind`` =
 opens it on its runs, not on the GenAI traces page. Its artifacts live in the workspace
 (``<workspace>/mlartifacts/<experiment>``); MLflow records them by absolute path, so a store
 opened from a moved or copied workspace has its locations pointed at that workspace
-(:func:`relocate_artifacts`).
+(:func:`studies.frameworks.mlflow.relocate_artifacts`).
 
 An epoch's record (its metrics and trajectory rows together) goes the fastest way the store
 allows (:class:`Tracker`); MLflow's tables are written only by :mod:`studies.frameworks.mlflow`.
