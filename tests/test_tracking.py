@@ -10,6 +10,8 @@ import os
 import re
 import sqlite3
 import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -132,17 +134,47 @@ def test_a_run_is_finished_with_every_record_it_was_given(tmp_path, monkeypatch,
     assert [m.step for m in fresh.get_metric_history(run, "epoch")] == [1, 2, 3, 4, 5]
 
 
-def test_records_queued_together_of_several_runs_are_all_written(tracker):
-    """Records of several runs that arrive while one is written share a transaction."""
+def test_records_queued_while_one_is_written_are_committed_together(tracker, monkeypatch):
+    """The first record is held in its transaction until 59 more (of three runs) are queued: they
+    are written in the next one, all of them."""
+    calls, writing, queued = [], threading.Event(), threading.Event()
+    insert = mlflow_adapter.insert_metrics
+
+    def held_first(db, records):
+        calls.append(len(records))
+        if len(calls) == 1:
+            writing.set()
+            assert queued.wait(timeout=60)
+        return insert(db, records)
+
+    monkeypatch.setattr(mlflow_adapter, "insert_metrics", held_first)
     runs = [tracker.create_run(f"r{i}", {}) for i in range(3)]
     now = int(time.time() * 1000)
-    for epoch in range(1, 21):
-        for i, run in enumerate(runs):
-            tracker.log_batch(run, [Metric("val_rsum", 10.0 * i + epoch, now, epoch)])
+    records = [(run, Metric("val_rsum", 10.0 * i + epoch, now, epoch))
+               for epoch in range(1, 21) for i, run in enumerate(runs)]
+    tracker.log_batch(records[0][0], [records[0][1]])
+    assert writing.wait(timeout=60)  # the writer is inside its first transaction
+    for run, metric in records[1:]:
+        tracker.log_batch(run, [metric])
+    queued.set()
     assert tracker.flush() == 0
+    assert calls == [1, 59]
     for i, run in enumerate(runs):
         assert tracker.client.get_run(run).data.metrics == {"val_rsum": 10.0 * i + 20}
         assert len(tracker.client.get_metric_history(run, "val_rsum")) == 20
+
+
+@pytest.mark.slow  # a Python that imports MLflow and Ray Tune: 5 s, 30 s on a loaded machine
+def test_a_driver_that_exits_writes_what_it_queued(tmp_path):
+    """No flush, no finish: the interpreter's exit waits for the writer (not a daemon thread)."""
+    db = tmp_path / "mlflow.db"
+    run = Tracker(f"sqlite:///{db}", "t").create_run("r", {})
+    script = ("import sys; from mlflow.entities import Metric; from studies.tracking import Tracker\n"
+              "t = Tracker(sys.argv[1], 't')\n"
+              "for e in range(1, 51): t.log_batch(sys.argv[2], [Metric('epoch', e, 0, e)])\n")
+    subprocess.run([sys.executable, "-c", script, f"sqlite:///{db}", run], check=True,
+                   cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert len(MlflowClient(f"sqlite:///{db}").get_metric_history(run, "epoch")) == 50
 
 
 # --- the adapter's guard: the tested MLflow and its schema ------------------------------------
