@@ -25,9 +25,10 @@ The experiment carries MLflow's experiment-kind tag (``mlflow.experimentKind`` =
 opens it on its runs, not on the GenAI traces page. Its artifacts live in the workspace
 (``<workspace>/mlartifacts/<experiment>``); MLflow records them by absolute path, so a store
 opened from a moved or copied workspace has its locations pointed at that workspace
-(:func:`relocate_artifacts`).
+(:func:`studies.frameworks.mlflow.relocate_artifacts`).
 
-An epoch is recorded in one transaction (metrics and trajectory together, :func:`insert_metrics`).
+An epoch's record (its metrics and trajectory rows together) goes the fastest way the store
+allows (:class:`Tracker`); MLflow's tables are written only by :mod:`studies.frameworks.mlflow`.
 """
 
 from __future__ import annotations
@@ -36,20 +37,18 @@ import contextlib
 import logging
 import re
 import sqlite3
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import sqlalchemy
+from mlflow import MlflowClient, MlflowException, RunOperations
 from mlflow.entities import Metric, Param, RunTag
-from mlflow.store.tracking.dbmodels.models import SqlExperiment, SqlLatestMetric, SqlMetric, SqlRun
-from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
-from mlflow.tracking import MlflowClient
-from mlflow.utils.file_utils import local_file_uri_to_path as local_path
 from ray.tune import Callback
 
 from icr.errors import UserError
+from studies.frameworks import mlflow as mlflow_adapter
 from studies.frameworks.tune import BOOKKEEPING, CHECKPOINT_DIR, trial_error
 from studies.trials import spec_of
 
@@ -58,7 +57,6 @@ log = logging.getLogger(__name__)
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 PARENT_TAG = "mlflow.parentRunId"
 MAX_PARAM_CHARS = 500  # MLflow's limit on a param value
-MAX_BATCH = 1000  # MLflow's limit on the metrics of one log_batch call
 RECORD_KEYS = {"trajectory", "artifacts", "final"}  # the EpochReport fields beside its metrics
 # The tag MLflow 3's UI reads to choose an experiment's page (its JS bundle: "Machine learning"
 # opens the runs, "GenAI apps & agents" the traces); an experiment without it is guessed from
@@ -85,18 +83,101 @@ def git_commit(root: Path = PROJECT_ROOT) -> str:
     return ""
 
 
-class Tracker:
-    """A thin layer over MlflowClient for one study's experiment."""
+class RecordWriter:
+    """Epoch records written into a sqlite store by a background thread, each transaction
+    holding every record queued by then.
 
-    def __init__(self, tracking_uri: str, experiment: str, artifact_root: Path | None = None):
+    A commit costs the disk syncs of a transaction (about 20 ms on a busy machine), the rows of a
+    record about 1 ms, so records that arrive while one is written are committed with the next
+    (``benchmarks/tracking_throughput.py``). The thread runs while records are queued and is not
+    a daemon: a driver that exits writes what it queued first. A record the adapter leaves to
+    MLflow (recorded already after a resume, a deleted run) goes to ``judge``: MLflow's
+    ``log_batch``.
+    """
+
+    def __init__(self, db: Path, judge: Callable[[str, list[Metric]], None]) -> None:
+        self.db = db
+        self._judge = judge
+        self._lock = threading.Condition()
+        self._queued: list[tuple[str, list[Metric]]] = []
+        self._running = False  # a thread writes the queue
+        self._failed: list[tuple[str, BaseException]] = []
+
+    def put(self, run_id: str, metrics: list[Metric]) -> None:
+        with self._lock:
+            self._queued.append((run_id, metrics))
+            if not self._running:
+                threading.Thread(target=self._drain, name="mlflow-record-writer").start()
+                self._running = True
+
+    def wait(self) -> list[tuple[str, BaseException]]:
+        """Wait until every queued record is written; returns (run id, error) of each record
+        that could not be, since the last wait."""
+        with self._lock:
+            self._lock.wait_for(lambda: not self._running)
+            failed, self._failed = self._failed, []
+        return failed
+
+    def _drain(self) -> None:
+        while True:
+            with self._lock:
+                records, self._queued = self._queued, []
+                if not records:
+                    self._running = False
+                    self._lock.notify_all()
+                    return
+            self._write(records)
+
+    def _write(self, records: list[tuple[str, list[Metric]]]) -> None:
+        """Never raises: the thread must go on to empty the queue (wait() waits for that)."""
+        with contextlib.suppress(Exception):  # then each record on its own, with its error
+            if mlflow_adapter.insert_metrics(self.db, records):
+                return
+        for run_id, metrics in records:
+            try:
+                if not mlflow_adapter.insert_metrics(self.db, [(run_id, metrics)]):
+                    self._judge(run_id, metrics)
+            except Exception as exc:  # no caller to raise to: wait() reports it
+                with self._lock:
+                    self._failed.append((run_id, exc))
+
+
+class Tracker:
+    """One study's experiment in MLflow, recorded through MLflow's public client.
+
+    Epoch records (:meth:`log_batch`) are queued and written the fastest way the store allows,
+    as measured by ``benchmarks/tracking_throughput.py`` (MLflow's ``log_batch`` records fewer
+    than the 50 records a second a study needs on a local store):
+
+    - a local sqlite store: SQL transactions of the records queued (:class:`RecordWriter`,
+      :func:`studies.frameworks.mlflow.insert_metrics`), the store's schema checked first;
+    - any other store (an MLflow server: ``http``, ``https``): MLflow's asynchronous
+      ``log_batch``.
+
+    What is queued is written before a run is finished, before the store is read through this
+    tracker (:meth:`last_step`, :meth:`find_runs`) and by :meth:`flush`; a record that could
+    not be written is reported in one error line. Everything else (runs, params, tags, the few
+    metrics of :meth:`log_metrics`) is written at once through MLflow's client.
+    ``sql_metrics`` chooses the way (default: SQL exactly for a sqlite store).
+    """
+
+    def __init__(self, tracking_uri: str, experiment: str, artifact_root: Path | None = None,
+                 *, sql_metrics: bool | None = None):
         self.tracking_uri = tracking_uri
         self.experiment = experiment
         self.artifact_root = artifact_root
+        self.store_file = mlflow_adapter.sqlite_file(tracking_uri)  # None: not a sqlite store
+        self.sql_metrics = self.store_file is not None if sql_metrics is None else sql_metrics
+        if self.sql_metrics and self.store_file is None:
+            raise ValueError(f"SQL writes need a sqlite:/// store, not {tracking_uri}")
+        self._store_checked = False
         self._client: MlflowClient | None = None
         self._experiment_id: str | None = None
+        self._writer: RecordWriter | None = None
+        self._pending: dict[str, list[RunOperations]] = {}  # run id -> its writes queued in MLflow
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_client": None}
+        return {**self.__dict__, "_client": None, "_writer": None, "_pending": {}}
 
     @property
     def client(self) -> MlflowClient:
@@ -122,18 +203,25 @@ class Tracker:
             if EXPERIMENT_KIND_TAG not in found.tags:  # made before the tag was set
                 self.client.set_experiment_tag(found.experiment_id, EXPERIMENT_KIND_TAG,
                                                EXPERIMENT_KIND)
-            store = self.client._tracking_client.store
-            if self._own_store() and isinstance(store, SqlAlchemyStore):
-                relocate_artifacts(store, self.artifact_root)
+            if self._own_store():
+                self._check_store()
+                for experiment_id, new, old in mlflow_adapter.relocate_artifacts(
+                        self.store_file, self.artifact_root):
+                    log.info("artifacts of experiment %s: %s (was %s)", experiment_id, new, old)
         return self._experiment_id
 
     def _own_store(self) -> bool:
         """The store is the sqlite file of the workspace that holds the artifact root (a store
         shared by several workspaces keeps the locations each recorded)."""
-        if self.artifact_root is None or not self.tracking_uri.startswith("sqlite:///"):
+        if self.artifact_root is None or self.store_file is None:
             return False
-        db = Path(self.tracking_uri.removeprefix("sqlite:///"))
-        return db.resolve().parent == self.artifact_root.resolve().parent
+        return self.store_file.resolve().parent == self.artifact_root.resolve().parent
+
+    def _check_store(self) -> None:
+        """Before the adapter's first SQL write: the store is at the schema it writes."""
+        if not self._store_checked:
+            mlflow_adapter.check_sqlite_store(self.store_file)
+            self._store_checked = True
 
     def create_run(self, name: str, tags: Mapping[str, str], params: Mapping[str, Any] = ()) -> str:
         run = self.client.create_run(self.experiment_id, run_name=name, tags=dict(tags))
@@ -141,6 +229,7 @@ class Tracker:
         return run.info.run_id
 
     def find_runs(self, filter_string: str) -> list[Any]:
+        self.flush()  # what this tracker queued is in what it finds
         runs, token = [], None
         while True:
             page = self.client.search_runs(
@@ -168,124 +257,77 @@ class Tracker:
         return self.create_run(name, tags, params)
 
     def log_params(self, run_id: str, params: Mapping[str, Any]) -> None:
+        """Written at once, as tags are (also where ``MLFLOW_ENABLE_ASYNC_LOGGING`` is set)."""
         items = [Param(k, str(v)[:MAX_PARAM_CHARS]) for k, v in params.items()]
-        for i in range(0, len(items), 100):
-            self.client.log_batch(run_id, params=items[i : i + 100])
+        if items:
+            self.client.log_batch(run_id, params=items, synchronous=True)
 
     def log_metrics(self, run_id: str, metrics: Mapping[str, float], step: int) -> None:
+        """A few metrics (a summary, an analysis), written at once."""
         now = int(time.time() * 1000)
-        self.log_batch(run_id, [Metric(k, float(v), now, step) for k, v in metrics.items()])
+        self.client.log_batch(run_id, metrics=[Metric(k, float(v), now, step)
+                                               for k, v in metrics.items()], synchronous=True)
 
     def log_batch(self, run_id: str, metrics: list[Metric]) -> None:
-        """Metrics of any steps in one transaction (a SQL store) or as few calls as MLflow allows."""
-        store = self.client._tracking_client.store
-        if isinstance(store, SqlAlchemyStore) and metrics:
-            try:
-                insert_metrics(store, run_id, metrics)
-                return
-            except sqlalchemy.exc.IntegrityError:  # a metric already recorded: MLflow dedups
-                log.debug("run %s: a metric was already recorded; logging through MLflow", run_id)
-        for i in range(0, len(metrics), MAX_BATCH):
-            self.client.log_batch(run_id, metrics=metrics[i : i + MAX_BATCH])
+        """Queue one record (metrics of any steps) for the store (see the class docstring)."""
+        if not metrics:
+            return
+        if not self.sql_metrics:
+            operations = self.client.log_batch(run_id, metrics=metrics, synchronous=False)
+            self._pending.setdefault(run_id, []).append(operations)
+            return
+        if self._writer is None:
+            self._check_store()
+            self._writer = RecordWriter(self.store_file, self._log_through_mlflow)
+        self._writer.put(run_id, metrics)
+
+    def _log_through_mlflow(self, run_id: str, metrics: list[Metric]) -> None:
+        log.debug("run %s: a record for MLflow to judge", run_id)
+        self.client.log_batch(run_id, metrics=metrics, synchronous=True)
+
+    def flush(self, run_id: str | None = None) -> int:
+        """Wait until the queued records are written (those of ``run_id``, else all).
+
+        A record that could not be written is not retried: each run's are reported in one error
+        line (what they held is not in MLflow). Returns how many records were lost.
+        """
+        lost: dict[str, list[BaseException]] = {}
+        for run, error in self._writer.wait() if self._writer is not None else ():
+            lost.setdefault(run, []).append(error)
+        for run in [run_id] if run_id is not None else list(self._pending):
+            for operations in self._pending.pop(run, []):
+                try:
+                    operations.wait()
+                except MlflowException as exc:
+                    lost.setdefault(run, []).append(exc)
+        for run, errors in lost.items():
+            log.error("MLflow did not record %d epoch record(s) of run %s: %s", len(errors),
+                      run, _first_line(errors[0]))
+        return sum(len(errors) for errors in lost.values())
 
     def set_tags(self, run_id: str, tags: Mapping[str, Any]) -> None:
-        self.client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+        """Written at once: a resumed study finds a trial's run by its tags."""
+        self.client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()],
+                              synchronous=True)
 
     def last_step(self, run_id: str, key: str) -> int:
+        self.flush(run_id)
         history = self.client.get_metric_history(run_id, key)
         return max((m.step for m in history), default=0)
 
     def finish(self, run_id: str, status: str = "FINISHED") -> None:
+        self.flush(run_id)  # a run is finished with every record it was given
         self.client.set_terminated(run_id, status=status)
 
 
-def insert_metrics(store: SqlAlchemyStore, run_id: str, metrics: list[Metric]) -> None:
-    """Record ``metrics`` in a SQL tracking store in one transaction, as ``log_batch`` would.
-
-    MLflow's ``log_batch`` builds an ORM object per metric and costs about 0.3 ms a metric, so an
-    epoch record of 300 metrics (its trajectory rows) takes 100 ms and one driver records fewer
-    than 10 epochs a second. This writes the same rows with two bulk statements: the metric
-    history (MLflow's ``metrics`` table) and the latest value per key (``latest_metrics``, what
-    the runs table shows), updated only where the new value is more recent by (step, timestamp,
-    value), MLflow's rule; NaN and infinities are stored as MLflow stores them.
-    ``tests/test_tracking.py`` holds its result equal to ``log_batch``'s.
-
-    Raises:
-        sqlalchemy.exc.IntegrityError: a metric of the batch is already recorded (nothing written).
-    """
-    rows, newest = [], {}
-    for m in metrics:
-        is_nan, value = store.sanitize_metric_value(float(m.value))
-        row = {"run_uuid": run_id, "key": m.key, "value": value, "timestamp": m.timestamp,
-               "step": m.step, "is_nan": is_nan}
-        rows.append(row)
-        old = newest.get(m.key)
-        if old is None or (m.step, m.timestamp, value) > (old["step"], old["timestamp"], old["value"]):
-            newest[m.key] = row
-    metric_table, latest_table = SqlMetric.__table__, SqlLatestMetric.__table__
-    with store.engine.begin() as conn:
-        conn.execute(sqlalchemy.insert(metric_table), rows)
-        stored = {
-            r.key: r for r in conn.execute(
-                sqlalchemy.select(latest_table).where(
-                    latest_table.c.run_uuid == run_id, latest_table.c.key.in_(list(newest))))
-        }
-        inserts = [row for key, row in newest.items() if key not in stored]
-        updates = [row for key, row in newest.items() if key in stored and (
-            row["step"], row["timestamp"], row["value"])
-            > (stored[key].step, stored[key].timestamp, stored[key].value)]
-        if inserts:
-            conn.execute(sqlalchemy.insert(latest_table), inserts)
-        if updates:
-            conn.execute(
-                sqlalchemy.update(latest_table)
-                .where(latest_table.c.run_uuid == sqlalchemy.bindparam("b_run"),
-                       latest_table.c.key == sqlalchemy.bindparam("b_key"))
-                .values(value=sqlalchemy.bindparam("value"), step=sqlalchemy.bindparam("step"),
-                        timestamp=sqlalchemy.bindparam("timestamp"),
-                        is_nan=sqlalchemy.bindparam("is_nan")),
-                [{**row, "b_run": row["run_uuid"], "b_key": row["key"]} for row in updates],
-            )
-
-
-def relocate_artifacts(store: SqlAlchemyStore, root: Path) -> int:
-    """Point the artifact locations a moved or copied workspace's store recorded at ``root``.
-
-    MLflow turns an experiment's artifact location into an absolute path when it creates the
-    experiment, and a run's artifact URI is that path plus the run's folder, so a copied workspace
-    would read (or miss) the original's files. Every experiment located in a folder
-    ``<old workspace>/mlartifacts/<name>`` other than ``root/<name>`` is moved to
-    ``root/<name>``, its runs with it; locations elsewhere (a shared store, S3) are left alone.
-    Returns how many experiments were moved.
-    """
-    root = root.resolve()
-    moved = 0
-    with store.engine.begin() as conn:
-        experiments = SqlExperiment.__table__
-        runs = SqlRun.__table__
-        for row in conn.execute(sqlalchemy.select(experiments.c.experiment_id,
-                                                  experiments.c.artifact_location)):
-            old = row.artifact_location or ""
-            if not old.startswith("file://"):
-                continue
-            path = Path(local_path(old))
-            if path.parent.name != root.name or path.parent == root:
-                continue
-            new = (root / path.name).as_uri()
-            conn.execute(sqlalchemy.update(experiments)
-                         .where(experiments.c.experiment_id == row.experiment_id)
-                         .values(artifact_location=new))
-            conn.execute(sqlalchemy.update(runs)
-                         .where(runs.c.experiment_id == row.experiment_id,
-                                runs.c.artifact_uri.startswith(old + "/"))
-                         .values(artifact_uri=sqlalchemy.func.replace(runs.c.artifact_uri, old, new)))
-            log.info("artifacts of experiment %s: %s (was %s)", row.experiment_id, new, old)
-            moved += 1
-    return moved
+def _first_line(error: BaseException, limit: int = 300) -> str:
+    lines = str(error).strip().splitlines()
+    return (lines[0] if lines else type(error).__name__)[:limit]
 
 
 def check_store(tracking_uri: str, busy_timeout: float = 30.0) -> None:
-    """A sqlite tracking store that exists must be an intact database.
+    """A sqlite tracking store that exists must be an intact database, at the schema that the
+    installed MLflow and the platform's SQL writes (:mod:`studies.frameworks.mlflow`) expect.
 
     Checked on the driver before Ray starts (``PRAGMA quick_check`` reads every page, 0.25 s
     for 250 MB): MLflow would otherwise fail on the store's first damaged page, after the study
@@ -295,28 +337,28 @@ def check_store(tracking_uri: str, busy_timeout: float = 30.0) -> None:
     Raises:
         UserError: one line naming the file, what is wrong and the fix.
     """
-    if not tracking_uri.startswith("sqlite:///"):
+    db = mlflow_adapter.sqlite_file(tracking_uri)
+    if db is None:
         return
-    db = Path(tracking_uri.removeprefix("sqlite:///"))
-    if not db.is_file():
-        return
-    try:
-        with contextlib.closing(sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True,
-                                                timeout=busy_timeout)) as con:
-            rows = con.execute("PRAGMA quick_check").fetchall()
-        problem = "" if rows == [("ok",)] else str(rows[0][0]).splitlines()[0]
-    except sqlite3.OperationalError as exc:
-        if "locked" in str(exc) or "busy" in str(exc):  # another study writes to it: not damage
-            log.info("the MLflow store %s is busy; not checked", db)
-            return
-        problem = str(exc).splitlines()[0]
-    except sqlite3.Error as exc:
-        problem = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    if problem:
-        raise UserError(
-            f"the MLflow store {db} is damaged ({problem}); move it aside (mv {db} {db}.damaged: "
-            "the next run starts a new store) or put back a copy from a backup, then run the "
-            "same command again")
+    if db.is_file():
+        try:
+            with contextlib.closing(sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True,
+                                                    timeout=busy_timeout)) as con:
+                rows = con.execute("PRAGMA quick_check").fetchall()
+            problem = "" if rows == [("ok",)] else str(rows[0][0]).splitlines()[0]
+        except sqlite3.OperationalError as exc:
+            if "locked" in str(exc) or "busy" in str(exc):  # another study writes to it
+                log.info("the MLflow store %s is busy; not checked", db)
+                return
+            problem = str(exc).splitlines()[0]
+        except sqlite3.Error as exc:
+            problem = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if problem:
+            raise UserError(
+                f"the MLflow store {db} is damaged ({problem}); move it aside (mv {db} "
+                f"{db}.damaged: the next run starts a new store) or put back a copy from a "
+                "backup, then run the same command again")
+    mlflow_adapter.check_sqlite_store(db)
 
 
 def numeric_metrics(result: Mapping[str, Any]) -> dict[str, float]:
@@ -435,6 +477,9 @@ class MlflowTrialCallback(Callback):
                 if path.is_file():
                     folder = str(Path(name).parent)
                     self.tracker.client.log_artifact(run_id, str(path), artifact_path=folder)
+
+    def on_experiment_end(self, trials: list, **info: Any) -> None:
+        self.tracker.flush()  # the records still queued for a server, before the report reads them
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         run_id = self.run_id(trial)

@@ -1,6 +1,7 @@
 """The benchmark scripts run end to end on small inputs (their timings are not tested)."""
 
 import importlib.util
+import re
 import sys
 from pathlib import Path
 
@@ -20,13 +21,42 @@ def load(name: str):
     return module
 
 
-def test_tracking_throughput_small(capsys, tmp_path, monkeypatch):
-    """The tracking benchmark end to end on a few records: both ways run and are compared."""
+def _tracking_rows(out: str) -> dict[tuple[str, str], float]:
+    """(store, way) -> epoch records/s, from the benchmark's printed lines."""
+    rows = {}
+    for line in out.splitlines():
+        found = re.match(r"\s*(.+?) \|\s+(.+?):\s+([\d.]+) epoch records/s", line)
+        if found:
+            rows[found[1], found[2]] = float(found[3])
+    return rows
+
+
+def test_tracking_throughput_small(capsys, monkeypatch):
+    """The tracking benchmark end to end on a few records of a local store: the three ways, their
+    ratios, and the way the platform took."""
     monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
-    load("tracking_throughput").main(["--epochs", "2", "--rows", "5", "--trials", "2"])
+    load("tracking_throughput").main(["--epochs", "2", "--rows", "5", "--trials", "2",
+                                      "--stores", "local"])
     out = capsys.readouterr().out
-    for needle in ("per-row:", "log_batch:", "one-txn:", "one-txn / per-row ="):
-        assert needle in out
+    rows = _tracking_rows(out)
+    assert set(rows) == {("local sqlite", w) for w in ("sync log_batch", "async log_batch",
+                                                        "platform")}
+    assert all(rate > 0 for rate in rows.values())
+    assert "(the adapter's SQL transactions of the records queued)" in out
+    assert "local sqlite | async / sync = " in out and "platform / sync = " in out
+    assert "target: the platform records >= 50 epoch records/s: local sqlite " in out
+
+
+@pytest.mark.slow
+def test_tracking_throughput_small_on_an_mlflow_server(capsys, monkeypatch):
+    """The server half: started on loopback, measured with the public API, stopped."""
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
+    load("tracking_throughput").main(["--epochs", "2", "--rows", "5", "--trials", "2",
+                                      "--stores", "server", "--server-workers", "1"])
+    out = capsys.readouterr().out
+    assert {w for s, w in _tracking_rows(out) if s == "mlflow server (1 worker)"} == {
+        "sync log_batch", "async log_batch", "platform"}
+    assert "(MLflow's asynchronous log_batch)" in out
 
 
 def test_eval_speed_small(capsys, monkeypatch):

@@ -58,3 +58,26 @@ def test_any_other_failed_copy_is_shown_with_its_traceback() -> None:
     assert len(shown) == 1 and "PermissionError" in shown[0].getMessage()
     missing = failed_copy(FileNotFoundError("[Errno 2] No such file: '/storage/exp/tuner.pkl'"))
     assert len(missing) == 1 and "tuner.pkl" in missing[0].getMessage()
+
+
+def test_a_failed_trial_s_error_is_read_before_tune_copies_it_to_the_storage(tmp_path, monkeypatch) -> None:
+    """Tune writes the error into the driver's staging folder and copies it to the storage later;
+    the callbacks run in between and must still name the cause."""
+    from ray.train._internal import storage as ray_storage
+    from ray.train._internal.storage import StorageContext
+
+    # The staging folder lives in the Ray session's folder; no Ray instance is needed for it here.
+    monkeypatch.setattr(ray_storage, "_get_ray_train_session_dir", lambda: str(tmp_path / "session"))
+    from ray.tune.experiment import Trial
+
+    from icr.errors import TrainingError
+    from studies.frameworks.tune import trial_error
+    from studies.tracking import error_line
+
+    storage = StorageContext(storage_path=str(tmp_path / "storage"), experiment_dir_name="exp",
+                             trial_dir_name="trial_0")
+    trial = Trial("trainable", stub=True, storage=storage)
+    trial.init_local_path()
+    trial.handle_error(TrainingError("non-finite loss at epoch 2"))
+    assert trial.get_error() is None  # not copied to the storage yet
+    assert error_line(trial_error(trial)).endswith("non-finite loss at epoch 2")

@@ -1,23 +1,40 @@
-"""Recording in MLflow: the one-transaction epoch record equals MLflow's own ``log_batch``."""
+"""Recording in MLflow: what the platform's recorder writes equals MLflow's own ``log_batch``, on a
+local store (SQL transactions of the adapter) and on an MLflow server (MLflow's asynchronous
+logging); a store at another schema is refused in one line."""
 
 from __future__ import annotations
 
+import logging
 import math
+import os
+import re
+import sqlite3
+import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
+from icr.errors import UserError
+from studies.frameworks import mlflow as mlflow_adapter
 from studies.tracking import (
     EXPERIMENT_KIND,
     EXPERIMENT_KIND_TAG,
+    MlflowTrialCallback,
     Tracker,
+    check_store,
     epoch_metrics,
     error_line,
 )
 from studies.trials import run_name
+
+ROOT = Path(__file__).resolve().parents[1]
+WAYS = {"sql": True, "mlflow-async": False}  # Tracker(sql_metrics=...): the two ways to record
 
 
 @pytest.fixture()
@@ -38,35 +55,275 @@ def _batches(now: int) -> list[list[Metric]]:
     return [first, second, third]
 
 
-def _snapshot(client: MlflowClient, run_id: str) -> tuple[dict, dict]:
+def _snapshot(client: MlflowClient, run_id: str, timestamps: bool = True) -> tuple[dict, dict]:
+    """Every key's history (sorted) and latest value, NaN as "nan" (NaN != NaN)."""
     metrics = client.get_run(run_id).data.metrics
-    keys = sorted(metrics)
-    history = {k: sorted((m.step, m.timestamp, m.value if not math.isnan(m.value) else "nan")
-                         for m in client.get_metric_history(run_id, k)) for k in keys}
+    history = {k: sorted(((m.step, m.timestamp) if timestamps else (m.step,))
+                         + ("nan" if math.isnan(m.value) else m.value,)
+                         for m in client.get_metric_history(run_id, k)) for k in metrics}
     latest = {k: "nan" if math.isnan(v) else v for k, v in metrics.items()}
     return history, latest
 
 
-def test_one_transaction_records_what_log_batch_records(tracker):
+@pytest.mark.parametrize("way", WAYS)
+def test_the_recorder_records_what_log_batch_records(tmp_path, monkeypatch, way):
+    """Both ways of the recorder (the adapter's SQL transactions, MLflow's asynchronous queue)
+    leave the store as MLflow's synchronous log_batch does: history and latest values, with
+    MLflow's rule for the latest (greatest step, timestamp, value) and NaN / inf as it stores them."""
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
+    tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "t", sql_metrics=WAYS[way])
     now = int(time.time() * 1000)
     ours = tracker.create_run("ours", {})
     theirs = tracker.create_run("theirs", {})
     for batch in _batches(now):
         tracker.log_batch(ours, batch)
-        tracker.client.log_batch(theirs, metrics=batch)
+        tracker.client.log_batch(theirs, metrics=batch, synchronous=True)
+    assert tracker.flush() == 0
     assert _snapshot(tracker.client, ours) == _snapshot(tracker.client, theirs)
     history, latest = _snapshot(tracker.client, ours)
     assert latest["val_rsum"] == 120.0 and latest["late"] == 3.0 and latest["odd"] > 1e300
+    assert latest["trajectory/loss"] == pytest.approx(-1.7976931348623157e308)
     assert len(history["trajectory/loss"]) == 4
 
 
-def test_a_record_logged_twice_falls_back_to_mlflows_dedup(tracker):
-    now = int(time.time() * 1000)
+@pytest.mark.parametrize("way", WAYS)
+def test_a_record_logged_twice_is_not_doubled(tmp_path, monkeypatch, way):
+    """An epoch recorded again after a resume: MLflow's dedup keeps one copy (the SQL path
+    leaves such a record to MLflow)."""
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
+    tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "t", sql_metrics=WAYS[way])
     run = tracker.create_run("r", {})
-    batch = _batches(now)[0]
+    batch = _batches(int(time.time() * 1000))[0]
     tracker.log_batch(run, batch)
+    tracker.flush()
     tracker.log_batch(run, batch)  # the same rows again: no error, nothing doubled
+    assert tracker.flush() == 0
     assert len(tracker.client.get_metric_history(run, "trajectory/loss")) == 2
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_a_record_that_cannot_be_written_is_an_error_line(tmp_path, monkeypatch, caplog, way):
+    """A queued record MLflow refuses (its run was deleted) is not lost silently: flush says how
+    many records of which run were not recorded, in one line, and the tracker goes on."""
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
+    tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "t", sql_metrics=WAYS[way])
+    gone, kept = tracker.create_run("gone", {}), tracker.create_run("kept", {})
+    tracker.client.delete_run(gone)
+    now = int(time.time() * 1000)
+    tracker.log_batch(gone, [Metric("val_rsum", 1.0, now, 1)])
+    tracker.log_batch(kept, [Metric("val_rsum", 2.0, now, 1)])
+    with caplog.at_level(logging.ERROR, logger="studies.tracking"):
+        assert tracker.flush() == 1
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "studies.tracking"]
+    assert line.startswith(f"MLflow did not record 1 epoch record(s) of run {gone}: ")
+    assert "\n" not in line and "active" in line  # MLflow's cause: the run is not active
+    assert tracker.client.get_run(kept).data.metrics == {"val_rsum": 2.0}
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_a_run_is_finished_with_every_record_it_was_given(tmp_path, monkeypatch, way):
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
+    tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "t", sql_metrics=WAYS[way])
+    run = tracker.create_run("r", {})
+    now = int(time.time() * 1000)
+    for epoch in range(1, 6):
+        tracker.log_batch(run, [Metric("epoch", epoch, now + epoch, epoch)])
+    tracker.finish(run)
+    fresh = MlflowClient(tracker.tracking_uri)  # another reader, as the report or the UI
+    assert fresh.get_run(run).info.status == "FINISHED"
+    assert [m.step for m in fresh.get_metric_history(run, "epoch")] == [1, 2, 3, 4, 5]
+
+
+def test_records_queued_while_one_is_written_are_committed_together(tracker, monkeypatch):
+    """The first record is held in its transaction until 59 more (of three runs) are queued: they
+    are written in the next one, all of them."""
+    calls, writing, queued = [], threading.Event(), threading.Event()
+    insert = mlflow_adapter.insert_metrics
+
+    def held_first(db, records):
+        calls.append(len(records))
+        if len(calls) == 1:
+            writing.set()
+            assert queued.wait(timeout=60)
+        return insert(db, records)
+
+    monkeypatch.setattr(mlflow_adapter, "insert_metrics", held_first)
+    runs = [tracker.create_run(f"r{i}", {}) for i in range(3)]
+    now = int(time.time() * 1000)
+    records = [(run, Metric("val_rsum", 10.0 * i + epoch, now, epoch))
+               for epoch in range(1, 21) for i, run in enumerate(runs)]
+    tracker.log_batch(records[0][0], [records[0][1]])
+    assert writing.wait(timeout=60)  # the writer is inside its first transaction
+    for run, metric in records[1:]:
+        tracker.log_batch(run, [metric])
+    queued.set()
+    assert tracker.flush() == 0
+    assert calls == [1, 59]
+    for i, run in enumerate(runs):
+        assert tracker.client.get_run(run).data.metrics == {"val_rsum": 10.0 * i + 20}
+        assert len(tracker.client.get_metric_history(run, "val_rsum")) == 20
+
+
+@pytest.mark.slow  # a Python that imports MLflow and Ray Tune: 5 s, 30 s on a loaded machine
+def test_a_driver_that_exits_writes_what_it_queued(tmp_path):
+    """No flush, no finish: the interpreter's exit waits for the writer (not a daemon thread)."""
+    db = tmp_path / "mlflow.db"
+    run = Tracker(f"sqlite:///{db}", "t").create_run("r", {})
+    script = ("import sys; from mlflow.entities import Metric; from studies.tracking import Tracker\n"
+              "t = Tracker(sys.argv[1], 't')\n"
+              "for e in range(1, 51): t.log_batch(sys.argv[2], [Metric('epoch', e, 0, e)])\n")
+    subprocess.run([sys.executable, "-c", script, f"sqlite:///{db}", run], check=True,
+                   cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert len(MlflowClient(f"sqlite:///{db}").get_metric_history(run, "epoch")) == 50
+
+
+# --- the adapter's guard: the tested MLflow and its schema ------------------------------------
+
+
+def _store_at(tmp_path: Path, revision: str | None = None) -> Path:
+    """A store MLflow 3.17.2 made, its schema revision then set to ``revision``."""
+    db = tmp_path / "mlflow.db"
+    Tracker(f"sqlite:///{db}", "t").create_run("r", {})
+    if revision is not None:
+        with sqlite3.connect(db) as con:
+            con.execute("UPDATE alembic_version SET version_num = ?", (revision,))
+    return db
+
+
+def test_a_store_at_the_tested_schema_passes(tmp_path):
+    db = _store_at(tmp_path)
+    assert mlflow_adapter.schema_revision(db) == mlflow_adapter.SCHEMA_REVISION
+    assert mlflow_adapter.installed_version() == mlflow_adapter.TESTED_VERSION
+    check_store(f"sqlite:///{db}")  # no error
+
+
+def test_a_store_at_another_schema_is_refused_in_one_line(tmp_path):
+    db = _store_at(tmp_path, "0a1b2c3d4e5f")
+    with pytest.raises(UserError) as refused:
+        check_store(f"sqlite:///{db}")
+    line = str(refused.value)
+    assert "\n" not in line and line.startswith(f"the MLflow store {db} is at schema revision 0a1b2c3d4e5f")
+    assert f"write revision {mlflow_adapter.SCHEMA_REVISION}" in line and "mlflow 3.17.2" in line
+    tracker = Tracker(f"sqlite:///{db}", "t")  # the recorder refuses before its first write
+    with pytest.raises(mlflow_adapter.StoreMismatch, match="schema revision 0a1b2c3d4e5f"):
+        tracker.log_batch("any", [Metric("m", 1.0, 0, 0)])
+
+
+def test_another_mlflow_version_is_refused_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(mlflow_adapter, "installed_version", lambda: "3.18.0")
+    with pytest.raises(UserError) as refused:
+        check_store(f"sqlite:///{tmp_path / 'new.db'}")  # before the store exists
+    line = str(refused.value)
+    assert "\n" not in line
+    assert line.startswith("mlflow 3.18.0 is installed, but studies/frameworks/mlflow.py writes "
+                           "the tables of mlflow 3.17.2; install mlflow==3.17.2")
+    check_store("http://127.0.0.1:5000")  # a server's store is not written by the adapter
+
+
+def test_mlflow_internals_are_reached_only_in_the_adapter():
+    """``grep -rnE '_tracking_client|SqlAlchemyStore|mlflow\\.store' studies icr`` finds only
+    studies/frameworks/ (issue 19)."""
+    pattern = re.compile(r"_tracking_client|SqlAlchemyStore|mlflow\.store")
+    found = [f"{path.relative_to(ROOT)}:{number}"
+             for package in ("studies", "icr") for path in sorted((ROOT / package).rglob("*.py"))
+             if "frameworks" not in path.relative_to(ROOT).parts
+             for number, line in enumerate(path.read_text().splitlines(), 1)
+             if pattern.search(line)]
+    assert found == []
+
+
+# --- the same trial recorded on a local store and on an MLflow server -------------------------
+
+
+class _Job:
+    phase = "search"
+
+    def params(self, config: dict) -> dict:
+        return {"objective.eta": config["objective.eta"], "loss.tau": 0.05, "note": "x" * 600}
+
+    def shown(self, config: dict) -> dict:
+        return {"objective.eta": config["objective.eta"]}
+
+    def seed(self, config: dict) -> int:
+        return 1000
+
+
+def _record_a_study(tracker: Tracker) -> None:
+    """Two trials through the Tune callback (fake trials, no Ray): run creation, three epochs
+    each (NaN included, trajectory rows), one epoch replayed after a restore, then the end."""
+    parent = tracker.create_run("study", {"icr.role": "study"}, {"budget": 2})
+    callback = MlflowTrialCallback(tracker, parent, _Job(), {"study": "t"}, {"lag": "fp"},
+                                   {"lag": 3})
+    trials = [SimpleNamespace(trial_id=f"t{i}", last_result={"epoch": 3},
+                              config={"condition": "lag", "objective.eta": 0.1 * (i + 1)})
+              for i in range(2)]
+    for trial in trials:
+        callback.on_trial_start(0, trials, trial)
+    for epoch in (1, 2, 3, 3):  # epoch 3 again: a result replayed after a restore
+        for i, trial in enumerate(trials):
+            result = {"epoch": epoch, "val_rsum": 100.0 * i + epoch, "odd": math.nan,
+                      "done": False, "trial_id": trial.trial_id, "artifacts": [], "final": False,
+                      "trajectory": [{"step": 10 * epoch + r, "epoch": epoch, "loss": 1.0 / (r + 1),
+                                      "lambda": 0.5 * r} for r in range(3)]}
+            callback.on_trial_result(0, trials, trial, result)
+    for trial in trials:
+        callback.on_trial_complete(0, trials, trial)
+    callback.on_experiment_end(trials)
+    tracker.finish(parent)
+
+
+def _recorded(tracker: Tracker) -> dict:
+    """What a study's runs hold, by run name (run ids and timestamps differ from store to store),
+    read by a client of its own."""
+    client = MlflowClient(tracker.tracking_uri)
+    runs = {}
+    for run in client.search_runs([tracker.experiment_id]):
+        tags = {k: v for k, v in run.data.tags.items() if k != "mlflow.parentRunId"}
+        runs[run.info.run_name] = (run.info.status, run.data.params, tags,
+                                   _snapshot(client, run.info.run_id, timestamps=False))
+    return runs
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    """``mlflow server`` on loopback over a fresh sqlite store, stopped after this module."""
+    folder = tmp_path_factory.mktemp("server")
+    with mlflow_adapter.loopback_server(f"sqlite:///{folder / 'server.db'}", folder) as url:
+        yield url
+
+
+@pytest.mark.slow
+def test_a_study_is_recorded_alike_on_a_local_store_and_on_an_mlflow_server(tmp_path, mlflow_server):
+    local = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "t", tmp_path / "mlartifacts")
+    remote = Tracker(mlflow_server, "t", tmp_path / "server-artifacts")
+    assert local.sql_metrics and not remote.sql_metrics  # SQL on the local store only
+    _record_a_study(local)
+    _record_a_study(remote)
+    on_disk, on_server = _recorded(local), _recorded(remote)
+    assert on_server == on_disk
+    status, params, tags, (history, latest) = on_disk["lag eta=0.1"]
+    assert status == "FINISHED" and params["note"] == "x" * 500 and tags["budget_complete"] == "true"
+    assert latest == {"epoch": 3.0, "val_rsum": 3.0, "odd": "nan", "trajectory/loss": 1 / 3,
+                      "trajectory/lambda": 1.0}
+    assert history["val_rsum"] == [(1, 1.0), (2, 2.0), (3, 3.0)]  # the replayed epoch: once
+    assert len(history["trajectory/loss"]) == 9
+
+
+@pytest.mark.slow
+def test_the_loopback_server_is_stopped_with_its_workers(tmp_path):
+    """The server the benchmark and the tests start is gone when its block ends, its workers
+    with it, also when the block fails."""
+    with pytest.raises(RuntimeError, match="inside"), mlflow_adapter.loopback_server(
+            f"sqlite:///{tmp_path / 's.db'}", tmp_path, workers=2) as url:
+        assert MlflowClient(url).search_experiments()  # it answers
+        found = subprocess.run(["pgrep", "-f", f"port {url.rsplit(':', 1)[1]}"],
+                               capture_output=True, text=True).stdout.split()
+        groups = {os.getpgid(int(pid)) for pid in found} - {os.getpgrp()}
+        assert len(groups) == 1  # the server's own group: the server, uvicorn, its workers
+        raise RuntimeError("inside")
+    (group,) = groups
+    with pytest.raises(ProcessLookupError):
+        os.killpg(group, 0)  # no process of that group is left
 
 
 def test_an_epoch_record_becomes_metrics_and_trajectory():
@@ -85,28 +342,6 @@ def test_error_line_and_run_name():
     assert error_line(None).startswith("the trial failed without an error")
     assert run_name("lagrangian", {"objective.eta": 0.11234, "train.seed": 1000}) == \
         "lagrangian eta=0.112 seed=1000"
-
-
-def test_a_failed_trial_s_error_is_read_before_tune_copies_it_to_the_storage(tmp_path, monkeypatch) -> None:
-    """Tune writes the error into the driver's staging folder and copies it to the storage later;
-    the callbacks run in between and must still name the cause."""
-    from ray.train._internal import storage as ray_storage
-    from ray.train._internal.storage import StorageContext
-
-    # The staging folder lives in the Ray session's folder; no Ray instance is needed for it here.
-    monkeypatch.setattr(ray_storage, "_get_ray_train_session_dir", lambda: str(tmp_path / "session"))
-    from ray.tune.experiment import Trial
-
-    from icr.errors import TrainingError
-    from studies.frameworks.tune import trial_error
-
-    storage = StorageContext(storage_path=str(tmp_path / "storage"), experiment_dir_name="exp",
-                             trial_dir_name="trial_0")
-    trial = Trial("trainable", stub=True, storage=storage)
-    trial.init_local_path()
-    trial.handle_error(TrainingError("non-finite loss at epoch 2"))
-    assert trial.get_error() is None  # not copied to the storage yet
-    assert error_line(trial_error(trial)).endswith("non-finite loss at epoch 2")
 
 
 def _workspace_tracker(workspace, name: str = "t") -> Tracker:

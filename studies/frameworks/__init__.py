@@ -17,13 +17,8 @@ from icr.errors import UserError
 
 
 class FrameworkChanged(UserError):
-    """An internal the adapter relies on is not where the tested version had it."""
-
-    def __init__(self, framework: str, installed: str, tested: str, what: str) -> None:
-        super().__init__(
-            f"{framework} {installed} is installed, but studies/frameworks/{framework}.py was "
-            f"written for {framework} {tested} and {what} has changed; install "
-            f"{framework}=={tested} (as pyproject.toml pins it) or update that adapter")
+    """The installed framework is not the one an adapter was written for, and it matters: an
+    internal it relies on is gone, or a store is at another schema."""
 
 
 @contextlib.contextmanager
@@ -33,4 +28,7 @@ def reaching(framework: str, installed: str, tested: str, what: str) -> Iterator
     try:
         yield
     except (ImportError, AttributeError) as exc:
-        raise FrameworkChanged(framework, installed, tested, what) from exc
+        raise FrameworkChanged(
+            f"{framework} {installed} is installed, but studies/frameworks/{framework}.py was "
+            f"written for {framework} {tested} and {what} has changed; install "
+            f"{framework}=={tested} (as pyproject.toml pins it) or update that adapter") from exc
