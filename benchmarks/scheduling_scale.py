@@ -50,7 +50,9 @@ Target: at least 90 % of the ideal at N = 32. Other work on the machine (another
 background) takes CPU from the trials' starts and the driver: ``load 1m`` says how much. A
 cluster that would not fit in the memory left (about 0.45 GiB a trial) is skipped with a line
 that says so: the benchmark's raylets stop their workers at 92 % of the machine's memory, before
-Ray's default 95 % would stop those of another study on the machine.
+Ray's default 95 % would stop those of another study on the machine. If other work grows during
+a run until they do, Tune 2.60 ends the study (it does not expect Ray's ``OutOfMemoryError``) and
+the row says that it failed and why.
 """
 
 from __future__ import annotations
@@ -283,6 +285,32 @@ def measure(gpus: int, args: argparse.Namespace, root: Path) -> Row:
                recorded_trials(plan.tracking_uri, plan.key))
 
 
+def table_row(gpus: int, args: argparse.Namespace, root: Path) -> Sequence[str]:
+    """The table row of a cluster of ``gpus``: measured, or why it was not."""
+    nodes = len(node_gpus(gpus, args.gpus_per_node))
+    skipped = memory_shortfall(gpus, nodes)
+    if skipped:
+        return [str(gpus), str(nodes), skipped]
+    try:
+        return measure(gpus, args, root).cells()
+    except RuntimeError as exc:
+        if not killed_for_memory(exc):
+            raise
+        return [str(gpus), str(nodes), "failed: Ray stopped trials when the machine's memory "
+                f"reached {MEMORY_THRESHOLD:.0%} (other work grew), and Tune ends the study then"]
+
+
+def killed_for_memory(exc: BaseException) -> bool:
+    """Whether Tune failed because Ray stopped a trial for memory. Tune 2.60 does not expect
+    ``OutOfMemoryError`` from a trial's actor and raises RuntimeError from it, ending ``fit``."""
+    from ray.exceptions import OutOfMemoryError
+
+    cause: BaseException | None = exc
+    while cause is not None and not isinstance(cause, OutOfMemoryError):
+        cause = cause.__cause__
+    return cause is not None
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--concurrency", type=int, nargs="+", default=[4, 8, 16, 32],
@@ -317,11 +345,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with StopSignals(), tempfile.TemporaryDirectory(prefix="scheduling-scale-") as tmp:
         try:
             for gpus in args.concurrency:
-                nodes = len(node_gpus(gpus, args.gpus_per_node))
-                skipped = memory_shortfall(gpus, nodes)
-                cells = [str(gpus), str(nodes), skipped] if skipped else \
-                    measure(gpus, args, Path(tmp)).cells()
-                print(markdown_row(cells), flush=True)
+                print(markdown_row(table_row(gpus, args, Path(tmp))), flush=True)
         except (Interrupted, KeyboardInterrupt):
             print("interrupted: its clusters are stopped and its workspace removed",
                   file=sys.stderr)

@@ -197,6 +197,22 @@ def test_scheduling_scale_row_from_hand_made_records():
         "load 1m": "0.7"}
 
 
+def test_scheduling_scale_tells_a_trial_stopped_for_memory_from_a_bug():
+    """Tune raises RuntimeError from Ray's OutOfMemoryError (a row says so); any other
+    RuntimeError is a bug and goes on up."""
+    from ray.exceptions import OutOfMemoryError
+
+    scale = load("scheduling_scale")
+    try:
+        try:
+            raise OutOfMemoryError("3 worker(s) were killed due to the node running low on memory")
+        except OutOfMemoryError as oom:
+            raise RuntimeError(f"Caught unexpected exception: {oom}") from oom
+    except RuntimeError as tune_error:
+        assert scale.killed_for_memory(tune_error)
+    assert not scale.killed_for_memory(RuntimeError("something else"))
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_scheduling_scale_on_the_smallest_cluster(capsys):
