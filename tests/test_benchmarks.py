@@ -196,3 +196,66 @@ def test_plan_estimate_compares_the_calibrated_estimate_with_a_measured_time(cap
     out = capsys.readouterr().out
     assert out.count("calibrated:") == 3
     assert "ltd_bound --recipe smoke: estimated" in out and "estimate / measured =" in out
+
+
+def test_scheduling_scale_spreads_gpus_over_nodes():
+    """A head and at least one joining node, at most the given GPUs a node, as even as can be."""
+    scale = load("scheduling_scale")
+    assert [scale.node_gpus(n, 8) for n in (2, 4, 8, 12, 16, 32)] == [
+        (1, 1), (2, 2), (4, 4), (6, 6), (8, 8), (8, 8, 8, 8)]
+    assert scale.node_gpus(20, 8) == (7, 7, 6)
+    with pytest.raises(ValueError):
+        scale.node_gpus(1, 8)
+
+
+def test_scheduling_scale_row_from_hand_made_records():
+    """The row of a search of 40 s on 2 GPUs, 4 trials of 2 epochs x 5 s (ideal 12 trials/min),
+    from records made by hand: every cell against its arithmetic."""
+    scale = load("scheduling_scale")
+    start = scale.Stamp(wall=100.0, epoch=1000.0, cpu=1.0, load=0.5, line="search ...")
+    end = scale.Stamp(wall=140.0, epoch=1040.0, cpu=3.0, load=0.7, line="confirm: ...")
+    runs = (scale.TrialRun(1002.0, 1012.0, (1007.0, 1012.0), True),  # lives 10, 10, 12, 24
+            scale.TrialRun(1004.0, 1014.0, (1009.0, 1014.0), True),  # epoch gaps 5, 5, 6, 12
+            scale.TrialRun(1012.0, 1024.0, (1018.0, 1024.0), True),
+            scale.TrialRun(1014.0, 1038.0, (1026.0, 1038.0), False))
+    row = scale.Row(2, 2, 4, 2, 5.0, start, end, runs)
+    assert dict(zip(scale.COLUMNS, row.cells(), strict=True)) == {
+        "GPUs": "2", "nodes": "2", "finished": "3/4", "search s": "40",
+        "all up s": "4",  # the second trial's actor came up 4 s into the search
+        "GPUs busy": "70 %",  # 56 s of trials over 2 x 40 s
+        "trial s": "14.0 (10)", "epoch s": "7.00 (5)",
+        "trials/min": "4.5", "ideal/min": "12.0", "of ideal": "37.5 %",
+        "driver CPU": "5 %", "driver ms/result": "250",  # 2 s of CPU, 8 results
+        "load 1m": "0.7"}
+
+
+def test_scheduling_scale_tells_a_trial_stopped_for_memory_from_a_bug():
+    """Tune raises RuntimeError from Ray's OutOfMemoryError (a row says so); any other
+    RuntimeError is a bug and goes on up."""
+    from ray.exceptions import OutOfMemoryError
+
+    scale = load("scheduling_scale")
+    try:
+        try:
+            raise OutOfMemoryError("3 worker(s) were killed due to the node running low on memory")
+        except OutOfMemoryError as oom:
+            raise RuntimeError(f"Caught unexpected exception: {oom}") from oom
+    except RuntimeError as tune_error:
+        assert scale.killed_for_memory(tune_error)
+    assert not scale.killed_for_memory(RuntimeError("something else"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_scheduling_scale_on_the_smallest_cluster(capsys):
+    """The benchmark end to end on a head and a joining node of one fake GPU each: 4 search
+    trials of 2 short epochs through the real driver, one row, every trial finished with the
+    full budget (its timings are not tested)."""
+    scale = load("scheduling_scale")
+    assert scale.main(["--concurrency", "2", "--epochs", "2", "--epoch-seconds", "0.2"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    header, align, row = (r.strip("| ").split(" | ") for r in rows)
+    assert header == list(scale.COLUMNS) and len(align) == len(header)
+    cells = dict(zip(header, row, strict=True))  # a skipped cluster has 3 cells: it fails here
+    assert (cells["GPUs"], cells["nodes"], cells["finished"]) == ("2", "2", "4/4")
+    assert cells["of ideal"].endswith(" %") and cells["trial s"].endswith(" (0.4)")
