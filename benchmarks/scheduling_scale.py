@@ -74,7 +74,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from studies.catalog import Study  # noqa: E402
-from studies.fakes import FakeFit, fake_prepare, fake_study  # noqa: E402 - the one fakes import
+
+import testfakes  # noqa: E402 - benchmarks/testfakes.py: the platform's test fakes
+
+fakes = testfakes.load()  # tests/fakes.py: FakeFit, fake_prepare, fake_study
 
 CONDITION = "lagrangian"  # fake_study's condition that searches objective.eta
 COLUMNS = ("GPUs", "nodes", "finished", "search s", "all up s", "GPUs busy", "trial s",
@@ -121,21 +124,21 @@ def loopback_cluster(gpus: Sequence[int], cpus_per_gpu: int) -> Iterator[str]:
     cluster it joined) and every node is stopped, the joining ones first."""
     import ray
 
-    from studies import ray_adapter
+    from studies import launcher
 
     nodes = []
     try:
-        nodes.append(ray_adapter.start_head(
+        nodes.append(launcher.start_head(
             num_cpus=gpus[0] * cpus_per_gpu, num_gpus=gpus[0], dashboard=False,
             system_config={"memory_usage_threshold": MEMORY_THRESHOLD}))  # the whole cluster's
         for count in gpus[1:]:
-            nodes.append(ray_adapter.start_node(nodes[0].address, num_cpus=count * cpus_per_gpu,
+            nodes.append(launcher.start_node(nodes[0].address, num_cpus=count * cpus_per_gpu,
                                                 num_gpus=count))
         yield nodes[0].address
     finally:
         ray.shutdown()
         for node in reversed(nodes):
-            ray_adapter.stop_instance(node)
+            launcher.stop_instance(node)
 
 
 def driver_cpu_seconds() -> float:
@@ -243,7 +246,7 @@ def markdown_row(cells: Sequence[str]) -> str:
 def scale_study(folder: Path, trials: int, epochs: int) -> Study:
     """The fake study searching eta in one condition: ``trials`` trials of ``epochs`` epochs,
     none stopped early (ASHA's grace period is the full budget), one confirmation run."""
-    study = fake_study(folder, budget=trials, conditions=(CONDITION,))
+    study = fakes.fake_study(folder, budget=trials, conditions=(CONDITION,))
     base = {**study.base, "train.warmup_epochs": 1, "train.finetune_epochs": epochs - 1}
     return replace(study, base=base, grace_period=epochs, seeds=1)
 
@@ -278,7 +281,7 @@ def measure(gpus: int, args: argparse.Namespace, root: Path) -> Row:
     with loopback_cluster(layout, args.cpus_per_gpu) as address:
         plan = StudyPlan.build(scale_study(folder, trials, args.epochs),
                                Options(workspace=str(folder / "workspace"), address=address))
-        run_study(plan, Backend(FakeFit(epoch_seconds=args.epoch_seconds), fake_prepare),
+        run_study(plan, Backend(fakes.FakeFit(epoch_seconds=args.epoch_seconds), fakes.fake_prepare),
                   say=lines, progress=ProgressOptions(say=lines, bar=False))
     start = lines.first(f"search {CONDITION}: ")
     end = lines.first("confirm: ", after=start)
