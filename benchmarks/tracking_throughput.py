@@ -35,29 +35,22 @@ from typing import Any
 
 from mlflow import RunOperations
 
+from icr.config import ExperimentConfig
 from studies.frameworks.mlflow import loopback_server
 from studies.signals import stop_signals_as_ctrl_c
 from studies.tracking import MlflowTrialCallback, Tracker, epoch_metrics
+from studies.trials import KEY, TrialSpec
 
 WAYS = ("sync log_batch", "async log_batch", "platform")
 STORES = {"local": "local sqlite", "server": "mlflow server"}
 TARGET = 50.0  # epoch records a second
 
 
-class _Job:
-    """Turns a fake trial's config into its params (40, as a study's trial records)."""
-
-    phase = "search"
-
-    def params(self, config: dict) -> dict:
-        return {"objective.eta": config["objective.eta"],
-                **{f"group{i // 10}.key{i}": 0.001 * i for i in range(39)}}
-
-    def shown(self, config: dict) -> dict:
-        return {"objective.eta": config["objective.eta"]}
-
-    def seed(self, config: dict) -> int:
-        return 0
+def fake_trial_config(i: int) -> dict:
+    """A fake trial's Tune config: its spec, with the 40 params a study's trial records."""
+    eta = 0.1 * i
+    params = {"objective.eta": eta, **{f"group{k // 10}.key{k}": 0.001 * k for k in range(39)}}
+    return {KEY: TrialSpec("lag", {"objective.eta": eta}, ExperimentConfig(), params)}
 
 
 def epoch_result(epoch: int, rows: int, steps_per_epoch: int) -> dict:
@@ -104,10 +97,9 @@ def measure(way: str, uri: str, artifacts: Path, trials: int, epochs: int, rows:
     public_only = False if way != "platform" else None  # the platform chooses its own way
     tracker = Tracker(uri, f"bench-{way.split()[0]}", artifacts, sql_metrics=public_only)
     parent = tracker.create_run("parent", {"icr.role": "study"})
-    callback = callback_cls(tracker, parent, _Job(), {"study": "bench"}, {}, {"lag": epochs})
+    callback = callback_cls(tracker, parent, {"study": "bench"}, {}, {"lag": epochs})
     fake = [SimpleNamespace(trial_id=f"t{i}", last_result={"epoch": epochs},
-                            config={"condition": "lag", "objective.eta": 0.1 * i})
-            for i in range(trials)]
+                            config=fake_trial_config(i)) for i in range(trials)]
     start = time.perf_counter()
     for trial in fake:
         callback.on_trial_start(0, fake, trial)

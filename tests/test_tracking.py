@@ -20,6 +20,7 @@ import pytest
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
+from icr.config import ExperimentConfig
 from icr.errors import UserError
 from studies.frameworks import mlflow as mlflow_adapter
 from studies.tracking import (
@@ -31,7 +32,7 @@ from studies.tracking import (
     epoch_metrics,
     error_line,
 )
-from studies.trials import run_name
+from studies.trials import KEY, TrialSpec, run_name
 
 ROOT = Path(__file__).resolve().parents[1]
 WAYS = {"sql": True, "mlflow-async": False}  # Tracker(sql_metrics=...): the two ways to record
@@ -235,28 +236,19 @@ def test_mlflow_internals_are_reached_only_in_the_adapter():
 # --- the same trial recorded on a local store and on an MLflow server -------------------------
 
 
-class _Job:
-    phase = "search"
-
-    def params(self, config: dict) -> dict:
-        return {"objective.eta": config["objective.eta"], "loss.tau": 0.05, "note": "x" * 600}
-
-    def shown(self, config: dict) -> dict:
-        return {"objective.eta": config["objective.eta"]}
-
-    def seed(self, config: dict) -> int:
-        return 1000
+def _trial_config(eta: float) -> dict:
+    """A trial's Tune config: its spec (the params include one longer than MLflow's limit)."""
+    params = {"objective.eta": eta, "loss.tau": 0.05, "note": "x" * 600}
+    return {KEY: TrialSpec("lag", {"objective.eta": eta}, ExperimentConfig(), params)}
 
 
 def _record_a_study(tracker: Tracker) -> None:
     """Two trials through the Tune callback (fake trials, no Ray): run creation, three epochs
     each (NaN included, trajectory rows), one epoch replayed after a restore, then the end."""
     parent = tracker.create_run("study", {"icr.role": "study"}, {"budget": 2})
-    callback = MlflowTrialCallback(tracker, parent, _Job(), {"study": "t"}, {"lag": "fp"},
-                                   {"lag": 3})
+    callback = MlflowTrialCallback(tracker, parent, {"study": "t"}, {"lag": "fp"}, {"lag": 3})
     trials = [SimpleNamespace(trial_id=f"t{i}", last_result={"epoch": 3},
-                              config={"condition": "lag", "objective.eta": 0.1 * (i + 1)})
-              for i in range(2)]
+                              config=_trial_config(0.1 * (i + 1))) for i in range(2)]
     for trial in trials:
         callback.on_trial_start(0, trials, trial)
     for epoch in (1, 2, 3, 3):  # epoch 3 again: a result replayed after a restore
