@@ -170,6 +170,9 @@ class LossConfig:
     name: str = _field("infonce", "contrastive loss L_con", registry=_REG["loss"])
     tau: float = _field(0.05, "InfoNCE temperature (LTD paper Eq. 1)", low=1e-4, high=10)
     margin: float = _field(0.2, "triplet margin alpha", low=0, high=10)
+    warmup_epochs: int = _field(0, "epochs trained with the loss's warm-up form first (triplet: "
+                                "all negatives before the hardest; VSE-infinity's "
+                                "vse_mean_warmup_epochs)", low=0)
 
 
 @dataclass(frozen=True)

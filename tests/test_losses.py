@@ -22,6 +22,7 @@ from icr.losses import (
     token_nll_loss,
     triplet_all_loss,
     triplet_loss,
+    warmup_from_config,
 )
 from icr.losses.contrastive import split_output
 
@@ -295,3 +296,21 @@ def test_token_nll_matches_loop_with_gradients_and_ignores_padding():
     (grad,) = torch.autograd.grad(fast, logits)
     torch.testing.assert_close(grad, torch.autograd.grad(slow, logits)[0])
     assert grad[0, 3:].abs().sum() == 0 and grad[2, 1:].abs().sum() == 0
+
+
+def test_the_triplet_loss_warms_up_on_all_negatives():
+    """VSE-infinity's warm-up: ``loss.warmup_epochs`` epochs of the sum over all negatives, then
+    the hardest negative, with the same margin; a loss without a warm-up form refuses it."""
+    sims = _random_sims(4, seed=6)
+    warmup = warmup_from_config(LossConfig(name="triplet", margin=0.3, warmup_epochs=1))
+    torch.testing.assert_close(warmup(sims), triplet_all_loss(sims, margin=0.3))
+    assert warmup_from_config(LossConfig(name="triplet", margin=0.3)) is None
+    with pytest.raises(ConfigError, match="loss.name=infonce has no warm-up form; only triplet"):
+        warmup_from_config(LossConfig(name="infonce", warmup_epochs=1))
+
+
+def test_warmup_epochs_is_a_key_of_the_triplet_loss_only():
+    from icr.config import from_flat, used_keys
+
+    assert "loss.warmup_epochs" in used_keys(from_flat({"loss.name": "triplet"}))
+    assert "loss.warmup_epochs" not in used_keys(from_flat({"loss.name": "infonce"}))

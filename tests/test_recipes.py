@@ -12,6 +12,7 @@ from pathlib import Path
 import optuna
 import pytest
 
+from icr.config import used_keys
 from icr.errors import UserError
 from studies.catalog import all_studies, get_study
 from studies.estimate import asha_expected_epochs, plan_costs
@@ -173,11 +174,28 @@ def test_pooling_objective_and_text_encoder_paper_recipes(files, tmp_path):
         assert plan.condition(name).config.epochs == 25
         assert f["loss.margin"] == 0.2
     assert flat(plan, "adpool_adopt")["loss.tau"] == 0.05
+    # VSE-infinity's code: the hard triplet loss after vse_mean_warmup_epochs = 1 on all negatives
+    assert flat(plan, "max_triplet_sh")["loss.warmup_epochs"] == 1
+    assert "loss.warmup_epochs" not in used_keys(plan.condition("adpool_adopt").config)
     text = paper_plan("text_encoder", files, tmp_path)
     bert = flat(text, "bert")
     assert bert["text.bert_lr_factor"] == 0.1 and bert["text.bert_path"] == files["text.bert_path"]
     assert (bert["loss.name"], bert["text.pooling"]) == ("adopt", "adpool")
     assert set(text.condition("searched").domains["text.encoder"].values) == {"gru_tokens", "bert"}
+
+
+def test_triplet_warmup_paper_recipe(files, tmp_path):
+    """The towers as their studies' paper recipes train them, each with and without the warm-up:
+    VSE++ and VSRN as the metric-learning paper (Section 4: Adam 2e-4, 30 epochs, margin 0.2 of
+    VSE++), max pooling as VSE+2AD (Section 4.1: 25 epochs at 5e-4)."""
+    plan = paper_plan("triplet_warmup", files, tmp_path)
+    for arch, (epochs, lr) in {"vsepp": (30, 2e-4), "vsrn": (30, 2e-4), "max": (25, 5e-4)}.items():
+        for suffix, warmup in (("", 0), ("_warmup", 1)):
+            f = flat(plan, arch + suffix)
+            assert (f["loss.name"], f["loss.margin"], f["optim.lr"]) == ("triplet", 0.2, lr)
+            assert plan.condition(arch + suffix).config.epochs == epochs
+            assert f["loss.warmup_epochs"] == warmup
+    assert flat(plan, "vsrn")["image.encoder"] == "vsrn" and flat(plan, "max")["image.pooling"] == "max"
 
 
 def test_grounding_negatives_paper_recipe(files, tmp_path):

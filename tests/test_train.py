@@ -195,3 +195,15 @@ def test_checkpoints_load_without_unpickling_code(workspace, tmp_path):
              objective__name="lagrangian"), workspace=workspace, run_dir=tmp_path)
     state = torch.load(tmp_path / "checkpoint" / "state.pt", weights_only=True)
     assert state["loop"]["epoch"] == 1 and "multiplier" in state["task"]["objective"]
+
+
+def test_a_triplet_run_trains_its_warmup_epochs_on_all_negatives(workspace):
+    """The task's L_con per epoch: the warm-up form for loss.warmup_epochs epochs, then the loss."""
+    from icr.losses import triplet_all_loss, triplet_loss
+    from icr.train.retrieval import retrieval
+
+    task = retrieval(tiny(loss__name="triplet", loss__margin=0.3, loss__warmup_epochs=1),
+                     workspace, torch.device("cpu"))
+    sims = torch.randn(5, 5, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(task.loss_for_epoch(0)(sims), triplet_all_loss(sims, margin=0.3))
+    torch.testing.assert_close(task.loss_for_epoch(1)(sims), triplet_loss(sims, margin=0.3))

@@ -10,6 +10,7 @@ from icr.losses.contrastive import (
     loss_from_config,
     loss_options,
     negative_mask,
+    warmup_from_config,
 )
 from icr.losses.infonce import infonce_loss
 from icr.losses.reconstruction import cosine_reconstruction_loss, token_nll_loss
@@ -27,4 +28,5 @@ __all__ = [
     "token_nll_loss",
     "triplet_all_loss",
     "triplet_loss",
+    "warmup_from_config",
 ]

@@ -14,12 +14,13 @@ and register here by name; :func:`build_loss` binds a name and its options into 
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
+from icr.errors import ConfigError
 from icr.registry import Registry
 
 
@@ -86,6 +87,25 @@ def build_loss(name: str, **options: Any) -> ContrastiveLoss:
 def loss_options(name: str) -> list[str]:
     """The keyword options (e.g. ``tau``) that the registered loss ``name`` takes."""
     return [p for p in inspect.signature(LOSSES.get(name)).parameters if p not in _DATA_ARGS]
+
+
+def warmup_from_config(section: Any) -> ContrastiveLoss | None:
+    """The loss trained in the first ``section.warmup_epochs`` epochs: the warm-up form that
+    ``section.name`` was registered with (``warmup=``, e.g. the triplet loss's sum over all
+    negatives), with the section's options; ``None`` without warm-up epochs.
+
+    Raises:
+        ConfigError: warm-up epochs for a loss registered without a warm-up form.
+    """
+    if not section.warmup_epochs:
+        return None
+    warmup = LOSSES.meta(section.name).get("warmup")
+    if warmup is None:
+        with_form = [n for n in LOSSES.names() if LOSSES.meta(n).get("warmup")]
+        raise ConfigError(f"loss.warmup_epochs={section.warmup_epochs}: loss.name={section.name} "
+                          f"has no warm-up form; only {', '.join(with_form)} has one (or set "
+                          "loss.warmup_epochs=0)")
+    return loss_from_config(replace(section, name=warmup))
 
 
 def loss_from_config(section: Any) -> ContrastiveLoss:

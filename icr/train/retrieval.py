@@ -46,7 +46,7 @@ from icr.data.features import cached_backbone_features
 from icr.data.pipeline import PairDataset, PreparedData, collate_pairs, prepare_data
 from icr.data.sampler import build_batch_sampler, steps_per_epoch
 from icr.errors import ConfigError, TrainingError
-from icr.losses import loss_from_config
+from icr.losses import ContrastiveLoss, loss_from_config, warmup_from_config
 from icr.losses.contrastive import split_output
 from icr.models.build import build_decoder, build_dual_encoder
 from icr.objectives import Objective, build_objective
@@ -98,6 +98,7 @@ class RetrievalTask:
             self.net["decoder"] = decoder
         self.net.to(device)
         self.loss_fn = loss_from_config(config.loss)
+        self.warmup_loss_fn = warmup_from_config(config.loss)  # None: no warm-up epochs
         self.objective: Objective = build_objective(config.objective)
         if self.objective.uses_reconstruction and decoder is None:
             raise ConfigError(
@@ -200,6 +201,13 @@ class RetrievalTask:
         # lambda is the objective's state, recorded per step and after the epoch, not averaged.
         return {f"train_{k}": v / self.steps_per_epoch for k, v in sums.items() if k != "lambda"}
 
+    def loss_for_epoch(self, epoch: int) -> ContrastiveLoss:
+        """L_con of ``epoch`` (0-based): the loss's warm-up form for ``loss.warmup_epochs``
+        epochs (the triplet loss: all negatives before the hardest), then the loss itself."""
+        if self.warmup_loss_fn is not None and epoch < self.config.loss.warmup_epochs:
+            return self.warmup_loss_fn
+        return self.loss_fn
+
     def train_step(self, batch: dict[str, torch.Tensor], epoch: int, step: int) -> dict[str, torch.Tensor]:
         dev = self.device
         images = batch["images"].to(dev, non_blocking=True)  # pinned on CUDA: an async copy
@@ -208,7 +216,8 @@ class RetrievalTask:
         with self.precision.autocast():
             img, cap = self.encoder(images, tokens, lengths)  # (B, D), (B, D)
             sims = img @ cap.t()  # (B, B), positives on the diagonal
-            l_con, loss_logs = split_output(self.loss_fn(sims.float(), image_index))
+            loss_fn = self.loss_for_epoch(epoch)
+            l_con, loss_logs = split_output(loss_fn(sims.float(), image_index))
             l_rec = self.net["decoder"].loss(cap, batch) if "decoder" in self.net else None
             out = self.objective(l_con, l_rec)
         logs = {**out.logs, **loss_logs}
@@ -330,11 +339,13 @@ def frozen_cnn(config: ExperimentConfig) -> bool:
 
 
 def check_retrieval(config: ExperimentConfig) -> None:
-    """The image encoder reads what data.features gives; a GloVe file given is readable."""
+    """The image encoder reads what data.features gives; a GloVe file given is readable; warm-up
+    epochs only for a loss with a warm-up form."""
     from icr.data.glove import check_glove_file
     from icr.models.build import check_inputs
 
     check_inputs(config)
+    warmup_from_config(config.loss)
     if "text.glove" in used_keys(config) and config.text.glove not in ("glove-6b-50d", "none"):
         check_glove_file(Path(config.text.glove))
 
