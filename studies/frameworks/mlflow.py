@@ -224,7 +224,7 @@ def loopback_server(backend_store_uri: str, folder: Path, workers: int = 1,
         RuntimeError: the server exited, or did not answer within ``timeout`` seconds (the
             message ends with the last line of its log).
     """
-    from studies.ray_adapter import free_port
+    from studies.launcher import free_port
 
     folder.mkdir(parents=True, exist_ok=True)
     port = free_port()
