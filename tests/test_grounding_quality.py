@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import numpy as np
 import pytest
 
@@ -11,6 +9,7 @@ from icr.data.synthetic.grammar import BACKGROUND_KEY
 from icr.data.synthetic.lexicon import lexicon
 from icr.data.synthetic.semantics import holds
 from icr.data.synthetic.world import COLOURS, Background, Scene, SceneObject, position_words
+from icr.grounding.negatives import NegativeCaptions
 from icr.grounding.quality import (
     CaptionNegatives,
     CaptionTruth,
@@ -156,8 +155,8 @@ def test_negative_quality_fractions():
     assert out["lm_substitutes"] == 3
     assert out["random_true_negative"] == 1.0 and out["random_substitutes"] == 1
     assert out["empty_unknown"] == 0.0 and out["empty_substitutes"] == 0
-    parallel = SimpleNamespace(word_index=np.array([2, -1]), true_words=("square", ""),
-                               substitutes=(("Box.", "circle", "dog"), ()))
+    parallel = NegativeCaptions(word_index=np.array([2, -1]), true_words=("square", ""),
+                                substitutes=(("Box.", "circle", "dog"), ()), generator="lm")
     assert negative_quality(truths, {"lm": parallel}) == {
         k: v for k, v in out.items() if k.startswith("lm_")}
     with pytest.raises(ValueError, match="is not 'circle'"):

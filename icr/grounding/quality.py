@@ -10,9 +10,9 @@ measured, because every caption's meaning and every scene are known.
 Negatives format (shared with the generators in :mod:`icr.grounding.negatives`): for a split's
 captions, one entry per caption index, ``(word_index, word, substitutes)``: the index of the
 substituted noun among the caption's whitespace tokens (-1 when the caption has no noun; the
-entry is then ignored, as is ``None``), the true word, and the list of substitute words. An object
-with the parallel attributes ``word_index``, ``true_words`` and ``substitutes`` (the generators'
-``NegativeCaptions``) is accepted as well. Words are compared without case and without the
+entry is then ignored, as is ``None``), the true word, and the list of substitute words. The
+generators' :class:`~icr.grounding.negatives.NegativeCaptions` (the same as parallel arrays) is
+accepted as well. Words are compared without case and without the
 punctuation at their ends (``"Circle." == "circle"``).
 
 Judging one substituted caption (:func:`judge_substitution`):
@@ -64,6 +64,7 @@ from icr.data.synthetic.semantics import holds, matches
 from icr.data.synthetic.world import Scene
 from icr.data.synthetic.writer import CHAINS_PER_IMAGE, load_scenes
 from icr.errors import DataError
+from icr.grounding.negatives import NegativeCaptions
 
 logger = logging.getLogger(__name__)
 
@@ -286,7 +287,7 @@ def judge_substitution(truth: CaptionTruth, word_index: int, substitute: str) ->
 
 
 def _entries(negatives: Any) -> Sequence[CaptionNegatives | tuple | None]:
-    if all(hasattr(negatives, a) for a in ("word_index", "true_words", "substitutes")):
+    if isinstance(negatives, NegativeCaptions):
         return list(zip(np.asarray(negatives.word_index).tolist(), negatives.true_words,
                         negatives.substitutes, strict=True))
     return negatives
@@ -300,8 +301,8 @@ def negative_quality(
 
     Args:
         truths: the split's captions (:func:`load_shapes_truth`).
-        negatives: generator name -> one entry per caption of ``truths``, or an object with
-            parallel ``word_index``, ``true_words``, ``substitutes`` (module docstring).
+        negatives: generator name -> one entry per caption of ``truths``, or a
+            :class:`~icr.grounding.negatives.NegativeCaptions` (module docstring).
 
     Returns:
         per generator ``g``: ``{g}_true_negative``, ``{g}_false_negative``, ``{g}_unknown``
