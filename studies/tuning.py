@@ -184,6 +184,19 @@ def _name(trial: Any) -> str:
     return f"trial {trial.trial_id} [{spec_of(trial.config).name}]"
 
 
+def ended_in_saved_state(path: str) -> set[str]:
+    """The trials that Tune's saved state of the experiment at ``path`` holds as TERMINATED: they
+    ended (ran their budget, or ASHA stopped them) under an earlier driver.
+
+    Restored, such a trial's result is its saved last result, which never carries ``done``, so
+    without this a phase whose trials had all ended before the driver was killed said
+    "interrupted" on every resume. On Ctrl-C Tune saves its state before it stops the running
+    trials, so those are saved as RUNNING and are not counted here.
+    """
+    return {trial.trial_id for trial in tune.ExperimentAnalysis(path).trials
+            if trial.status == "TERMINATED"}
+
+
 def run_tuner(
     session: Session, name: str, job: TrialJob, conditions: tuple[str, ...],
     param_space: dict[str, Any], tune_config: tune.TuneConfig, expected: int, title: str,
@@ -197,8 +210,10 @@ def run_tuner(
     path = session.experiment_path(name)
     if tune.Tuner.can_restore(path) and not saved_by_tune(Path(path)):
         start_over(session, name, Path(path))
+    ended_before: set[str] = set()
     if tune.Tuner.can_restore(path):
         log.info("continuing the Tune experiment %s", path)
+        ended_before = ended_in_saved_state(path)
         tuner = tune.Tuner.restore(path, trainable, param_space=param_space,
                                    resume_unfinished=True, resume_errored=False)
     else:
@@ -227,7 +242,8 @@ def run_tuner(
     session.check_stop()
     grid = tuner.fit()
     session.check_stop()  # Tune stopped on a stop signal and returned normally
-    ended = [r for r in grid if r.error is not None or (r.metrics or {}).get("done")]
+    ended = [r for r in grid if r.error is not None or (r.metrics or {}).get("done")
+             or (r.metrics or {}).get("trial_id") in ended_before]
     if len(ended) < expected or len(ended) < len(grid):
         # Tune returns normally after Ctrl-C, with its state saved: stop here, resumable. A
         # trial it stopped then is TERMINATED too, but without its last result marked done.

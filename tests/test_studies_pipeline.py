@@ -503,3 +503,33 @@ def test_a_paper_recipe_trains_its_grid_to_the_end_with_each_condition_s_epochs(
     assert confirm.loc["contrastive", "steps"] == [1, 2]
     assert confirm.loc["lagrangian", "steps"] == [1, 2, 3, 4]
     assert (confirm["budget_complete"] == "true").all()
+
+
+@pytest.mark.slow
+def test_a_phase_whose_trials_all_ended_before_the_driver_died_resumes_to_the_end(
+        cluster, tmp_path: Path) -> None:
+    """A driver killed after Tune had saved every confirmation trial as TERMINATED, but before
+    the phase was recorded: the resumed run got back those trials with their saved last results,
+    which Tune never marks done, and said "interrupted" on every resume (ltd_probe, killed with
+    its machine and resumed). Here the saved phase is put back to "confirm" after a finished run;
+    the resume must report without training or recording anything twice."""
+    workspace = tmp_path / "ws"
+    args = ["fake", "--workspace", str(workspace), "--address", cluster.address, "--seeds", "2"]
+    study = fake_study(tmp_path, budget=2, conditions=("lagrangian",))
+    fit = FakeFit(epoch_seconds=0.05, record_dir=str(tmp_path / "records"))
+    assert main(args, backend=Backend(fit, fake_prepare), extra_studies={"fake": study}) == 0
+    before = child_runs(workspace)
+    calls = set((tmp_path / "records").glob("*.json"))
+    (state_file,) = workspace.glob("ray/fake/*/state.json")
+    state = json.loads(state_file.read_text())
+    assert state["phase"] == "done"
+    state_file.write_text(json.dumps({**state, "phase": "confirm"}))
+
+    rc = main(args, backend=Backend(fit, fake_prepare), extra_studies={"fake": study})
+    assert rc == 0
+    assert json.loads(state_file.read_text())["phase"] == "done"
+    assert set((tmp_path / "records").glob("*.json")) == calls  # no trial trained again
+    after = child_runs(workspace)
+    assert len(after) == len(before) and after["tune_trial_id"].is_unique
+    assert sorted(after[after["phase"] == "confirm"]["tune_trial_id"]) == sorted(
+        before[before["phase"] == "confirm"]["tune_trial_id"])
