@@ -13,8 +13,8 @@ traceable to a run, and writes ``<workspace>/reports/<key>/``:
   and, for a failed one, the one-line cause;
 - the declared figures (:mod:`studies.figures`), ``<figure>.png``;
 
-logs them as artifacts of the parent run, puts the first table in the parent run's description and
-the per-condition mean and std of every table cell among its metrics
+logs them as artifacts of the parent run, puts the tables that fit (MLflow's tag limit) in the
+parent run's description and the per-condition mean and std of every table cell among its metrics
 (``report/<condition>/<metric>/mean`` and ``/std``: one chart section in the MLflow UI).
 """
 
@@ -36,6 +36,7 @@ from icr.workspace import Workspace
 from studies.catalog import Study, get_study
 from studies.ensembles import Evaluator
 from studies.figures import render
+from studies.frameworks import mlflow as mlflow_adapter
 from studies.runs import RunSet, load_runs
 from studies.tables import (
     Table,
@@ -221,10 +222,24 @@ def build_report(study: Study, tracker: Tracker, out: Path, parent_id: str | Non
     for figure in study.figures:
         render(figure, runs, out / f"{figure.name}.png")
     run_id = parent.info.run_id
-    tracker.set_tags(run_id, {DESCRIPTION_TAG: "\n\n".join(description)})
+    tracker.set_tags(run_id, {DESCRIPTION_TAG: fit_description(description, study.tables)})
     tracker.log_metrics(run_id, summary, step=0)
     tracker.client.log_artifacts(run_id, str(out), artifact_path="report")
     return out
+
+
+def fit_description(tables: list[str], declared: Sequence[Table]) -> str:
+    """The tables, in order, that fit in a run's description (MLflow truncates a tag past
+    the adapter's ``tag_value_limit`` mid-row); the others are named as the report's artifacts."""
+    kept: list[str] = []
+    for markdown in tables:
+        if len("\n\n".join([*kept, markdown])) + 200 > mlflow_adapter.tag_value_limit():
+            break
+        kept.append(markdown)
+    left = [f"`report/{t.name}.md`" for t in declared[len(kept):]]
+    if left:
+        kept.append(f"More tables among this run's artifacts: {', '.join(left)}.")
+    return "\n\n".join(kept)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

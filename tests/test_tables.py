@@ -412,3 +412,21 @@ def test_imports_neither_ray_nor_mlflow():
             "print(sorted(m for m in ('ray', 'mlflow', 'torch') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_run_description_holds_the_tables_that_fit_and_names_the_others():
+    """MLflow cuts a tag past its limit mid-row (ltd_probe's three tables: 10,554 characters);
+    the description keeps whole tables, in order, and names the rest."""
+    from studies.frameworks.mlflow import tag_value_limit
+    from studies.report import fit_description
+
+    limit = tag_value_limit()
+    tables = [Table(name, name.upper(), (Column("m", "M"),)) for name in ("a", "b", "c")]
+    small = ["| a |", "| b |", "| c |"]
+    assert fit_description(small, tables) == "| a |\n\n| b |\n\n| c |"
+    big = ["x" * (limit // 2), "y" * (limit // 2), "z"]
+    text = fit_description(big, tables)
+    assert len(text) <= limit
+    assert text.startswith("x" * (limit // 2) + "\n\n")
+    assert "y" not in text and "z" not in text.replace("`report/", "")
+    assert text.endswith("More tables among this run's artifacts: `report/b.md`, `report/c.md`.")

@@ -46,6 +46,16 @@ SCHEMA_REVISION = "dc11669786a5"
 BUSY_TIMEOUT_S = 20.0  # as MLflow's own sqlite sessions (PRAGMA busy_timeout = 20000)
 _MAX_FLOAT = 1.7976931348623157e308  # MLflow stores +-inf as +-this (SQL has no infinity)
 
+
+
+def tag_value_limit() -> int:
+    """The longest tag value MLflow stores whole (8,000 characters in 3.17.2); longer ones it
+    truncates with a warning."""
+    from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
+
+    return MAX_TAG_VAL_LENGTH
+
+
 _INSERT_METRIC = (
     "INSERT INTO metrics (key, value, is_nan, timestamp, step, run_uuid) VALUES (?, ?, ?, ?, ?, ?)"
 )
