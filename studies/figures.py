@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import pandas as pd
 
 if TYPE_CHECKING:
     from studies.runs import RunSet
@@ -179,11 +180,28 @@ def series_by_value(
     return draw
 
 
-def chosen_value(runs: RunSet, key: str, condition: str) -> float | None:
-    """The value of ``key`` the condition's confirmation runs were trained with (its selection)."""
+def chosen_value(runs: RunSet, key: str, condition: str) -> float | str | None:
+    """The value of ``key`` the condition's confirmation runs were trained with (its selection):
+    a number, or the name of a component for a choice among components (``loss.name``)."""
     values = runs.where(phase="confirm", condition=condition)
     values = values[key].dropna().unique() if key in values else []
-    return float(values[0]) if len(values) == 1 else None
+    if len(values) != 1:
+        return None
+    try:
+        return float(values[0])
+    except (TypeError, ValueError):
+        return str(values[0])
+
+
+def _positions(values: pd.Series, ax: Any) -> pd.Series:
+    """Where each value of a searched key goes on the x axis: itself when numeric; for a choice
+    among components (``loss.name``), the name's place in sorted order, the names as ticks."""
+    numeric = pd.to_numeric(values, errors="coerce")
+    if numeric.notna().all():
+        return numeric
+    names = sorted(values.astype(str).unique())
+    ax.set_xticks(range(len(names)), names)
+    return values.astype(str).map({name: float(i) for i, name in enumerate(names)})
 
 
 def metric_vs_value(metric: str, key: str, condition: str, *, phase: str = "search",
@@ -197,20 +215,27 @@ def metric_vs_value(metric: str, key: str, condition: str, *, phase: str = "sear
         rows = runs.where(phase=phase, condition=condition)
         if rows.empty or key not in rows:
             return False
+        x = _positions(rows[key], ax)
         full = rows[rows["budget_complete"] == "true"]
         best = [max(runs.history(r, metric)[1] or [math.nan]) for r in full["run_id"]]
-        ax.scatter(full[key], best, marker="o", label="full budget")
+        ax.scatter(x[full.index], best, marker="o", label="full budget")
         chosen = chosen_value(runs, key, condition)
         if chosen is not None and len(full):
-            at = int(np.argmin(np.abs(full[key].to_numpy(dtype=float) - chosen)))
-            ax.scatter([chosen], [best[at]], marker="*", s=160, color="C3", zorder=3,
-                       label=f"chosen: {key.split('.')[-1]}={chosen:.3g}")
+            if isinstance(chosen, float):
+                at = int(np.argmin(np.abs(x[full.index].to_numpy(dtype=float) - chosen)))
+                text = f"{chosen:.3g}"
+            else:  # a component's name: the first full-budget trial that chose it
+                named = np.flatnonzero(full[key].astype(str).to_numpy() == chosen)
+                at, text = (int(named[0]) if len(named) else None), chosen
+            if at is not None:
+                ax.scatter([x[full.index].iloc[at]], [best[at]], marker="*", s=160, color="C3",
+                           zorder=3, label=f"chosen: {key.split('.')[-1]}={text}")
         stopped = rows[rows["budget_complete"] != "true"]
         if len(stopped):
             transform = ax.get_xaxis_transform()  # x in data, y in axes fractions
-            ax.scatter(stopped[key], [0.03] * len(stopped), marker="x", color="C1",
+            ax.scatter(x[stopped.index], [0.03] * len(stopped), marker="x", color="C1",
                        transform=transform, clip_on=False, label="stopped early / failed")
-            for value, epochs in zip(stopped[key], stopped["epochs"], strict=True):
+            for value, epochs in zip(x[stopped.index], stopped["epochs"], strict=True):
                 ax.annotate(f"e{epochs}" if epochs not in ("", None) else "failed",
                             (value, 0.03), xycoords=transform, xytext=(0, 6),
                             textcoords="offset points", fontsize=6, ha="center")

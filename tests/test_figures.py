@@ -127,3 +127,23 @@ def test_render_writes_a_png_only_when_there_is_something_to_draw(tmp_path):
     assert (tmp_path / "f.png").stat().st_size > 1000
     empty = Figure("g", "nothing", series_by_value("L_rec", "objective.eta", "dual"))
     assert not render(empty, runs, tmp_path / "g.png") and not (tmp_path / "g.png").exists()
+
+
+def test_best_value_against_a_component_choice_marks_the_chosen_component(ax, tmp_path):
+    """loss_search searches ``loss.name``: a category on the x axis, the chosen one starred (its
+    report failed with ``float('infonce')``)."""
+    rows = [{"run_id": f"s{i}", "phase": "search", "condition": "searched", "loss.name": name,
+             "budget_complete": "true" if i else "false", "epochs": 4 if i else 1}
+            for i, name in enumerate(["triplet", "triplet_all", "infonce", "triplet_all"])]
+    rows.append({"run_id": "c0", "phase": "confirm", "condition": "searched",
+                 "loss.name": "infonce", "budget_complete": "true", "epochs": 4})
+    runs = RunSet(pd.DataFrame(rows), lambda run, key: ([1], [10.0 * int(run[1:]) + 1]))
+    assert metric_vs_value("val_rsum", "loss.name", "searched")(runs, ax)
+    labels = [c.get_label() for c in ax.collections]
+    star = ax.collections[labels.index("chosen: name=infonce")].get_offsets()[0]
+    full = ax.collections[labels.index("full budget")].get_offsets()
+    assert star[1] == 21.0 and len(full) == 3
+    assert star[0] == full[1][0]  # at infonce's place on the category axis
+    assert [t.get_text() for t in ax.texts] == ["e1"]
+    assert render(Figure("f", "t", metric_vs_value("val_rsum", "loss.name", "searched")), runs,
+                  tmp_path / "f.png")
