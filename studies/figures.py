@@ -217,18 +217,19 @@ def metric_vs_value(metric: str, key: str, condition: str, *, phase: str = "sear
             return False
         x = _positions(rows[key], ax)
         full = rows[rows["budget_complete"] == "true"]
+        full_x = x[full.index]
         best = [max(runs.history(r, metric)[1] or [math.nan]) for r in full["run_id"]]
-        ax.scatter(x[full.index], best, marker="o", label="full budget")
+        ax.scatter(full_x, best, marker="o", label="full budget")
         chosen = chosen_value(runs, key, condition)
         if chosen is not None and len(full):
             if isinstance(chosen, float):
-                at = int(np.argmin(np.abs(x[full.index].to_numpy(dtype=float) - chosen)))
+                at = int(np.argmin(np.abs(full_x.to_numpy(dtype=float) - chosen)))
                 text = f"{chosen:.3g}"
             else:  # a component's name: the first full-budget trial that chose it
                 named = np.flatnonzero(full[key].astype(str).to_numpy() == chosen)
                 at, text = (int(named[0]) if len(named) else None), chosen
             if at is not None:
-                ax.scatter([x[full.index].iloc[at]], [best[at]], marker="*", s=160, color="C3",
+                ax.scatter([full_x.iloc[at]], [best[at]], marker="*", s=160, color="C3",
                            zorder=3, label=f"chosen: {key.split('.')[-1]}={text}")
         stopped = rows[rows["budget_complete"] != "true"]
         if len(stopped):

@@ -231,9 +231,10 @@ def build_report(study: Study, tracker: Tracker, out: Path, parent_id: str | Non
 def fit_description(tables: list[str], declared: Sequence[Table]) -> str:
     """The tables, in order, that fit in a run's description (MLflow truncates a tag past
     the adapter's ``tag_value_limit`` mid-row); the others are named as the report's artifacts."""
+    limit = mlflow_adapter.tag_value_limit() - 200  # room for the line naming the others
     kept: list[str] = []
     for markdown in tables:
-        if len("\n\n".join([*kept, markdown])) + 200 > mlflow_adapter.tag_value_limit():
+        if len("\n\n".join([*kept, markdown])) > limit:
             break
         kept.append(markdown)
     left = [f"`report/{t.name}.md`" for t in declared[len(kept):]]

@@ -47,7 +47,6 @@ BUSY_TIMEOUT_S = 20.0  # as MLflow's own sqlite sessions (PRAGMA busy_timeout = 
 _MAX_FLOAT = 1.7976931348623157e308  # MLflow stores +-inf as +-this (SQL has no infinity)
 
 
-
 def tag_value_limit() -> int:
     """The longest tag value MLflow stores whole (8,000 characters in 3.17.2); longer ones it
     truncates with a warning."""
