@@ -13,7 +13,8 @@ analyses. The seeds (1000, 1001, ...) are never those of the search trials.
 
 An interrupted Tuner is continued with ``Tuner.restore``: finished trials are kept, unfinished ones
 resume from their last checkpoint, and the MLflow callback finds their runs again. A Tuner
-interrupted before Tune first saved it is started over (:func:`saved_by_tune`).
+interrupted before Tune first saved it whole (before its first save, or while Ray copied the
+saved state to the storage) is started over (:func:`saved_by_tune`).
 """
 
 from __future__ import annotations
@@ -279,12 +280,12 @@ def progress_callback(session: Session, phase: str, conditions: tuple[str, ...],
 
 
 def start_over(session: Session, name: str, path: Path) -> None:
-    """Discard a Tune experiment that Tune never saved: its folder, and the MLflow runs its
+    """Discard a Tune experiment that Tune never saved whole: its folder, and the MLflow runs its
     trials opened before the driver died (Tune does not know them, so they would never finish
     and the new trials would duplicate them)."""
     lost = session.tracker.find_runs(
         f"tags.`{PARENT_TAG}` = '{session.parent_id}' and tags.tune_experiment = '{name}'")
-    log.info("the Tune experiment %s was never saved; starting it over (%d run(s) discarded)",
+    log.info("the Tune experiment %s was never saved whole; starting it over (%d run(s) discarded)",
              path, len(lost))
     for run in lost:
         session.tracker.client.delete_run(run.info.run_id)

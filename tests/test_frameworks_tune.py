@@ -1,13 +1,16 @@
-"""Tune's state copies: Ray's harmless copy race is quiet, real copy failures are not."""
+"""Tune's state copies: Ray's harmless copy race is quiet, real copy failures are not, and an
+experiment whose saved state was cut short is not taken for a saved one."""
 
 from __future__ import annotations
 
 import logging
+import pickle
+from pathlib import Path
 
 import pytest
 from ray.train._internal.syncer import _BackgroundProcess, _BackgroundSyncer
 
-from studies.frameworks.tune import quiet_retried_syncs
+from studies.frameworks.tune import quiet_retried_syncs, saved_by_tune
 
 
 def failed_copy(error: Exception) -> list[logging.LogRecord]:
@@ -81,3 +84,35 @@ def test_a_failed_trial_s_error_is_read_before_tune_copies_it_to_the_storage(tmp
     trial.handle_error(TrainingError("non-finite loss at epoch 2"))
     assert trial.get_error() is None  # not copied to the storage yet
     assert error_line(trial_error(trial)).endswith("non-finite loss at epoch 2")
+
+
+def saved_experiment(folder: Path, searcher: bool) -> list[Path]:
+    """An experiment folder as Tune saves it (state files pickled as Tune pickles them); returns
+    the search algorithm's state files."""
+    folder.mkdir()
+    (folder / "tuner.pkl").write_bytes(pickle.dumps({"tuner": 1}))
+    (folder / "experiment_state-2026-11-25_22-57-40.json").write_text('{"trial_data": []}')
+    names = (["search_gen_state-2026-11-25_22-57-40.json", "searcher-state-2026-11-25_22-57-40.pkl"]
+             if searcher else ["basic-variant-state-2026-11-25_22-57-40.json"])
+    for name in names:
+        (folder / name).write_bytes(pickle.dumps({"counter": 4, "live_trials": {"631e9b45"}}))
+    return [folder / name for name in names]
+
+
+@pytest.mark.parametrize("searcher", [True, False], ids=["searcher", "grid"])
+def test_an_experiment_counts_as_saved_only_with_every_state_file_whole(tmp_path, searcher) -> None:
+    states = saved_experiment(tmp_path / "whole", searcher)
+    assert saved_by_tune(tmp_path / "whole")
+    for i, state in enumerate(states):
+        for cut in (0, len(state.read_bytes()) // 2):  # emptied, or cut in the middle
+            folder = tmp_path / f"cut-{i}-{cut}"
+            copies = saved_experiment(folder, searcher)
+            copies[i].write_bytes(state.read_bytes()[:cut])
+            assert not saved_by_tune(folder), (copies[i].name, cut)
+    (tmp_path / "whole" / "experiment_state-2026-11-25_22-57-40.json").unlink()
+    assert not saved_by_tune(tmp_path / "whole")  # only tuner.pkl and the searcher's state
+
+
+def test_an_experiment_with_only_tuner_pkl_is_not_saved(tmp_path) -> None:
+    (tmp_path / "tuner.pkl").write_bytes(pickle.dumps({"tuner": 1}))
+    assert not saved_by_tune(tmp_path)

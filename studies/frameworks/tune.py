@@ -4,7 +4,7 @@ with Ray Tune 2.60.0).
 - :func:`labelled_trainable`: Tune's function-trainable class, subclassed so that the
   dashboard names each trial's actor;
 - :data:`BOOKKEEPING`: the keys Tune adds to every result (not metrics of the trial);
-- :func:`saved_by_tune`: the names of the files in which Tune saves an experiment;
+- :func:`saved_by_tune`: the files in which Tune saves an experiment, and whether they are whole;
 - :func:`trial_folder`: how Tune names a trial's folder in the experiment;
 - :func:`trial_error`: where Tune writes a failed trial's error before it syncs it;
 - :func:`quiet_retried_syncs`: the logger and the text of one harmless warning of Tune's syncer.
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import pickle
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -69,16 +70,36 @@ def labelled_trainable(fn: Callable[[dict[str, Any]], Any], label: Callable[[str
 
 
 def saved_by_tune(path: Path) -> bool:
-    """Whether Tune saved experiment ``path`` (its trials and its search algorithm) at least once.
+    """Whether Tune saved experiment ``path`` (its trials and its search algorithm) whole at
+    least once.
 
     ``Tuner.can_restore`` asks only for ``tuner.pkl``, which the Tuner writes when it is built,
     before ``fit`` saves anything, and which holds no ``param_space``. A driver killed in that
     window leaves an experiment that "restores" as a new one without the param_space. Tune
     writes the trials' state first (``experiment_state-*``) and the search algorithm's next
-    (``search_gen_state-*`` for a searcher, ``basic-variant-state-*`` for a grid).
+    (``search_gen_state-*`` and the searcher's ``searcher-state-*`` for a searcher,
+    ``basic-variant-state-*`` for a grid).
+
+    A driver killed while Ray copied those files from its staging folder to the storage leaves a
+    file cut short (seen: an empty ``searcher-state-*.pkl``). Tune 2.60 then fails its restore
+    after it has restored the concurrency limiter, logs "Restarting experiment" and waits for
+    ever: the limiter still counts the trials that were running as live. Such an experiment is
+    not saved whole either.
     """
-    searcher = any(path.glob("search_gen_state-*.json")) or any(path.glob("basic-variant-state-*.json"))
-    return any(path.glob("experiment_state-*.json")) and searcher
+    searcher = [*path.glob("search_gen_state-*.json"), *path.glob("searcher-state-*.pkl")]
+    grid = list(path.glob("basic-variant-state-*.json"))
+    saved = searcher if searcher else grid
+    return any(path.glob("experiment_state-*.json")) and bool(saved) and all(map(_whole, saved))
+
+
+def _whole(state: Path) -> bool:
+    """Whether a state file Tune pickled loads (a copy cut short does not)."""
+    try:
+        with state.open("rb") as f:
+            pickle.load(f)
+    except Exception:  # noqa: BLE001 - any unreadable file is a copy cut short
+        return False
+    return True
 
 
 def trial_folder(experiment: str) -> str:
