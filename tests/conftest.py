@@ -23,11 +23,3 @@ def workspace(tmp_path_factory):
     from icr.workspace import Workspace
 
     return Workspace(tmp_path_factory.mktemp("workspace"))
-
-
-def pytest_collection_modifyitems(config, items):
-    """Files with slow tests (Ray clusters, whole studies) first, each file's tests in their
-    order: `make test`'s two workers take whole files in this order, so the longest files start
-    at once instead of one of them running alone at the end."""
-    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow_files)  # a stable sort keeps the rest
