@@ -86,9 +86,8 @@ def saved_by_tune(path: Path) -> bool:
     ever: the limiter still counts the trials that were running as live. Such an experiment is
     not saved whole either.
     """
-    searcher = [*path.glob("search_gen_state-*.json"), *path.glob("searcher-state-*.pkl")]
-    grid = list(path.glob("basic-variant-state-*.json"))
-    saved = searcher if searcher else grid
+    saved = ([*path.glob("search_gen_state-*.json"), *path.glob("searcher-state-*.pkl")]
+             or list(path.glob("basic-variant-state-*.json")))  # a searcher's files, or a grid's
     return any(path.glob("experiment_state-*.json")) and bool(saved) and all(map(_whole, saved))
 
 
