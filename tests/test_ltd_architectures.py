@@ -48,7 +48,7 @@ def test_only_the_lagrangian_conditions_search_eta_over_the_paper_range():
 def test_smoke_preset_is_tiny():
     plan = StudyPlan.build(STUDY, Options(smoke=True))
     assert all(c.config.data.preset == "tiny" for c in plan.conditions)
-    assert plan.budget == 1 and len(plan.seeds) == 2
+    assert plan.budget == 1 and len(plan.seeds) == 1
 
 
 def _runs() -> RunSet:
