@@ -259,3 +259,16 @@ def test_scheduling_scale_on_the_smallest_cluster(capsys):
     cells = dict(zip(header, row, strict=True))  # a skipped cluster has 3 cells: it fails here
     assert (cells["GPUs"], cells["nodes"], cells["finished"]) == ("2", "2", "4/4")
     assert cells["of ideal"].endswith(" %") and cells["trial s"].endswith(" (0.4)")
+
+
+@pytest.mark.slow
+def test_process_start_prints_both_ways_for_both_processes(capsys):
+    """The start benchmark end to end on one repeat: a row per kind of process, with the CPU
+    seconds of both ways and their ratio."""
+    load("process_start").main(["--repeats", "1"])
+    rows = re.findall(r"^\| (plan|trial) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|$",
+                      capsys.readouterr().out, re.M)
+    assert [r[0] for r in rows] == ["plan", "trial"]
+    for _, now, before, ratio in rows:
+        assert float(now) > 0 and float(before) > 0
+        assert float(ratio) == pytest.approx(float(before) / float(now), abs=0.01)

@@ -15,3 +15,23 @@ def test_importing_icr_imports_no_ray_optuna_mlflow_or_studies():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_torchvision_is_imported_only_where_a_resnet_or_random_erasing_is_built():
+    """Importing torchvision imports all of it, torch._dynamo included (1.5 to 4 CPU seconds on
+    these machines): no module of the library or the platform imports it, so the command line,
+    the driver and every trial's process start without it (benchmarks/process_start.py); the
+    ResNet builders and random erasing import it when called."""
+    code = (
+        "import pkgutil, importlib, sys, icr, studies, torch\n"
+        "for package in (icr, studies):\n"
+        "    for m in pkgutil.walk_packages(package.__path__, package.__name__ + '.'):\n"
+        "        if not m.name.endswith('__main__'):\n"
+        "            importlib.import_module(m.name)\n"
+        "print('torchvision' in sys.modules, 'torch._dynamo' in sys.modules)\n"
+        "from icr.data.pipeline import random_erase\n"
+        "erased = random_erase(1.0)(torch.ones(3, 16, 16))\n"
+        "print('torchvision' in sys.modules, bool((erased == 0).any()), bool((erased == 1).any()))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False", "True", "True", "True"]

@@ -20,7 +20,6 @@ import numpy as np
 import torch
 from PIL import Image
 from torch.utils.data import Dataset
-from torchvision.transforms import v2
 
 from icr.config import ExperimentConfig, used_keys
 from icr.data import cxc, precomp
@@ -271,6 +270,15 @@ def imagenet_normalize(x: torch.Tensor) -> torch.Tensor:
     return (x - mean) / std
 
 
+def random_erase(p: float) -> Callable[[torch.Tensor], torch.Tensor]:
+    """torchvision's RandomErasing with probability ``p`` (VSE++'s augmentation), imported here,
+    where a dataset erases: importing torchvision imports torch._dynamo too (see
+    :func:`icr.models.image._torchvision_models`)."""
+    from torchvision.transforms import v2
+
+    return v2.RandomErasing(p=p)
+
+
 class PairDataset(Dataset):
     """One item per training caption: its image, augmented token ids, latent target, image index.
 
@@ -297,7 +305,7 @@ class PairDataset(Dataset):
         self.split, self.images, self.captions = split, images, captions
         self.normalize = normalize
         self.targets = None if targets is None else torch.from_numpy(np.asarray(targets))
-        self.erase = v2.RandomErasing(p=random_erasing) if random_erasing > 0 else None
+        self.erase = random_erase(random_erasing) if random_erasing > 0 else None
         self.seed, self.epoch = seed, 0
         clean = VocabInput(vocab, max_len, 0.0, 0.0)
         self.clean_ids = [clean.ids(c) for c in split.captions]

@@ -23,10 +23,10 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import ModuleType
 from urllib.parse import urlparse
 
 import torch
-import torchvision
 from torch import Tensor, nn
 
 from icr.errors import ConfigError
@@ -175,10 +175,20 @@ def maybe_load_weights(
 # --------------------------------------------------------------------------- ResNets
 
 
-def _resnet(
-    arch: str, weights_enum: type, pretrained: bool, weights_path: str | None
-) -> ImageEncoder:
-    net = getattr(torchvision.models, arch)(weights=None)
+def _torchvision_models() -> ModuleType:
+    """torchvision's model module, imported only where a ResNet is built: importing torchvision
+    imports all of it, torch._dynamo included (1.5 to 2.7 CPU seconds a process on 2 cores,
+    ``benchmarks/process_start.py``), which every trial's process, test subprocess and command
+    line would pay otherwise."""
+    import torchvision.models
+
+    return torchvision.models
+
+
+def _resnet(arch: str, weights: str, pretrained: bool, weights_path: str | None) -> ImageEncoder:
+    models = _torchvision_models()
+    net = getattr(models, arch)(weights=None)
+    weights_enum = getattr(models, weights)
     output_dim = net.fc.in_features
     # Keep torchvision's module names so a torchvision state dict loads into the backbone directly.
     children = [(name, m) for name, m in net.named_children() if name not in ("avgpool", "fc")]
@@ -191,13 +201,13 @@ def _resnet(
 @IMAGE_ENCODERS.register("resnet50", input="pixels", reads=PIXEL_READS)
 def resnet50(*, pretrained: bool = False, weights_path: str | None = None) -> ImageEncoder:
     """ResNet-50 without fc, average-pooled: (B, 3, H, W) -> (B, 2048)."""
-    return _resnet("resnet50", torchvision.models.ResNet50_Weights, pretrained, weights_path)
+    return _resnet("resnet50", "ResNet50_Weights", pretrained, weights_path)
 
 
 @IMAGE_ENCODERS.register("resnet18", input="pixels", reads=PIXEL_READS)
 def resnet18(*, pretrained: bool = False, weights_path: str | None = None) -> ImageEncoder:
     """ResNet-18 without fc, average-pooled: (B, 3, H, W) -> (B, 512)."""
-    return _resnet("resnet18", torchvision.models.ResNet18_Weights, pretrained, weights_path)
+    return _resnet("resnet18", "ResNet18_Weights", pretrained, weights_path)
 
 
 # --------------------------------------------------------------------------- small CNN
