@@ -56,10 +56,17 @@ def fake_trial_config(i: int) -> dict:
 def epoch_result(epoch: int, rows: int, steps_per_epoch: int) -> dict:
     metrics = {f"val_metric_{i}": 100.0 / (i + epoch) for i in range(36)}
     metrics.update(epoch=epoch, train_loss=1.0 / epoch, lr=2e-4, epoch_time_s=60.0)
-    every = steps_per_epoch // rows
+    every = steps_per_epoch // max(rows, 1)  # --rows 0: metrics only
     trajectory = [{"step": (epoch - 1) * steps_per_epoch + every * (r + 1), "epoch": epoch,
                    "loss": 1.0, "L_con": 0.9, "L_rec": 0.2, "lambda": 3.0} for r in range(rows)]
     return {**metrics, "trajectory": trajectory, "artifacts": [], "final": False}
+
+
+def rows_count(text: str) -> int:
+    """``--rows``: a whole number of trajectory rows, 0 to 600 (a 600-step epoch)."""
+    if not text.isdigit() or int(text) > 600:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number from 0 to 600")
+    return int(text)
 
 
 class SyncCallback(MlflowTrialCallback):
@@ -141,7 +148,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=4)
     parser.add_argument("--epochs", type=int, default=10)
-    parser.add_argument("--rows", type=int, default=60)
+    parser.add_argument("--rows", type=rows_count, default=60,
+                        help="trajectory rows of an epoch record (0: its 40 metrics only)")
     parser.add_argument("--stores", nargs="+", choices=list(STORES), default=list(STORES))
     parser.add_argument("--server-workers", type=int, default=4, help="MLflow's default: 4")
     args = parser.parse_args(argv)
