@@ -35,9 +35,9 @@ row per N, all in one run; the trials' times are the driver's own records in MLf
   machine's 1-minute load average when the search ended.
 
 What the ideal leaves out is the overhead measured: each trial's start (a Ray worker process
-that imports Ray Tune, torch and the platform, about 3 CPU seconds and 0.45 GiB here, then its
-placement group and actor; the fake fit's first call imports the model code, another 1.3 CPU
-seconds, as the real fit does), the per-epoch report and checkpoint copy, the driver's work per
+that imports Ray Tune, torch, the platform and the model code, 4 to 12 CPU seconds here
+depending on the machine's state (``benchmarks/process_start.py``) and 0.45 GiB, then its
+placement group and actor), the per-epoch report and checkpoint copy, the driver's work per
 result (a trial waits for it), and the last trials' tail. The sleep stands for the GPU's work: it costs no CPU, so the
 overhead is what Ray and the driver add. Why 15 epochs of 6 s: an epoch far shorter than a real
 one (minutes on a GPU) sends the driver results far faster than a real cluster would (N / 6 a
