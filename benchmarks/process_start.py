@@ -1,6 +1,6 @@
 """CPU seconds a fresh process takes to start, as the code is (torchvision imported only where a
-ResNet or random erasing is built) and with torchvision imported up front, as every process did
-before: side by side in one run.
+ResNet or random erasing is built) and with torchvision imported up front, as the command line and
+every trial did before: side by side in one run.
 
     .venv/bin/python benchmarks/process_start.py [--repeats 5] [--study ltd_bound]
 

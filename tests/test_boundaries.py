@@ -18,7 +18,7 @@ def test_importing_icr_imports_no_ray_optuna_mlflow_or_studies():
 
 
 def test_torchvision_is_imported_only_where_a_resnet_or_random_erasing_is_built():
-    """Importing torchvision imports all of it, torch._dynamo included (1.5 to 4 CPU seconds on
+    """Importing torchvision imports all of it, torch._dynamo included (1.5 to 3.9 CPU seconds on
     these machines): no module of the library or the platform imports it, so the command line,
     the driver and every trial's process start without it (benchmarks/process_start.py); the
     ResNet builders and random erasing import it when called."""

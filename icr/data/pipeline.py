@@ -271,9 +271,9 @@ def imagenet_normalize(x: torch.Tensor) -> torch.Tensor:
 
 
 def random_erase(p: float) -> Callable[[torch.Tensor], torch.Tensor]:
-    """torchvision's RandomErasing with probability ``p`` (VSE++'s augmentation), imported here,
-    where a dataset erases: importing torchvision imports torch._dynamo too (see
-    :func:`icr.models.image._torchvision_models`)."""
+    """torchvision's RandomErasing with probability ``p`` (VSE++'s augmentation). torchvision is
+    imported here, where a dataset erases: importing it imports all of it, torch._dynamo included
+    (1.5 to 3.9 CPU seconds a process, ``benchmarks/process_start.py``)."""
     from torchvision.transforms import v2
 
     return v2.RandomErasing(p=p)

@@ -23,7 +23,6 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import ModuleType
 from urllib.parse import urlparse
 
 import torch
@@ -175,18 +174,12 @@ def maybe_load_weights(
 # --------------------------------------------------------------------------- ResNets
 
 
-def _torchvision_models() -> ModuleType:
-    """torchvision's model module, imported only where a ResNet is built: importing torchvision
-    imports all of it, torch._dynamo included (1.5 to 2.7 CPU seconds a process on 2 cores,
-    ``benchmarks/process_start.py``), which every trial's process, test subprocess and command
-    line would pay otherwise."""
-    import torchvision.models
-
-    return torchvision.models
-
-
 def _resnet(arch: str, weights: str, pretrained: bool, weights_path: str | None) -> ImageEncoder:
-    models = _torchvision_models()
+    # Imported here, where a ResNet is built: importing torchvision imports all of it,
+    # torch._dynamo included (1.5 to 3.9 CPU seconds a process on 2 cores,
+    # benchmarks/process_start.py), which every trial's process and command line paid before.
+    import torchvision.models as models
+
     net = getattr(models, arch)(weights=None)
     weights_enum = getattr(models, weights)
     output_dim = net.fc.in_features
