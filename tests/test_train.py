@@ -72,6 +72,42 @@ def test_optimisers_step_and_their_state_loads_without_unpickling(name, tmp_path
         build_optimizer("sgd", layer.parameters(), lr=0.1, weight_decay=0.0)
 
 
+def test_adamp_updates_as_its_authors_package_does_without_host_syncs():
+    """icr.train.adamp chooses AdamP's projection on the device; the package (adamp 0.3.0)
+    decides on the host. Equal parameters over steps in which each branch is taken: the
+    channel-wise projection (a gradient orthogonal to every output channel), the layer-wise one
+    (one channel aligned, the layer as a whole nearly orthogonal) and none."""
+    import adamp
+
+    from icr.train.adamp import AdamP
+
+    def params():
+        g = torch.Generator().manual_seed(1)
+        return [torch.nn.Parameter(torch.randn(shape, generator=g))
+                for shape in [(6, 5), (4, 3, 2), (7,), (64, 8)]]
+
+    ours, theirs = params(), params()
+    opts = [AdamP(ours, lr=0.01, weight_decay=0.1), adamp.AdamP(theirs, lr=0.01,
+                                                                weight_decay=0.1)]
+    g = torch.Generator().manual_seed(2)
+    for step in range(12):
+        for mine, other in zip(ours, theirs, strict=True):
+            grad = torch.randn(mine.shape, generator=g)
+            if mine.dim() > 1 and step % 3 != 2:
+                w = mine.detach().reshape(mine.shape[0], -1)
+                r = grad.reshape(mine.shape[0], -1)
+                r = r - w * (r * w).sum(1, keepdim=True) / (w * w).sum(1, keepdim=True)
+                if step % 3 == 1:  # one channel along its weights: the layer-wise branch
+                    r[0] = w[0] * 1e-3
+                grad = r.reshape(mine.shape)
+            mine.grad, other.grad = grad.clone(), grad.clone()
+        for opt in opts:
+            opt.step()
+    for mine, other in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(mine.detach(), other.detach(), atol=1e-6, rtol=1e-6)
+    assert opts[0].state_dict()["state"][0].keys() == opts[1].state_dict()["state"][0].keys()
+
+
 def test_swa_snapshots_span_the_last_tenth():
     assert swa_snapshot_steps(100, 5, 0.1) == {90, 92, 94, 97, 99}
     assert swa_snapshot_steps(3, 5, 0.1) <= {0, 1, 2}

@@ -4,7 +4,8 @@ LTD paper Section 4.3: a warm-up phase with the backbone and word embeddings fro
 fine-tune phase with everything trained at ``lr x finetune_lr_factor``; a cosine schedule inside
 each phase (the reference stepped its fine-tune scheduler with the absolute epoch, so the lr climbed
 back from 0 to the warm-up lr: not copied); per-epoch SWA over snapshots of the epoch's last part;
-AdamP (Heo et al., ICLR 2021), the optimiser of the LTD reference code (via PCME).
+AdamP (Heo et al., ICLR 2021), the optimiser of the LTD reference code (via PCME; here
+:mod:`icr.train.adamp`).
 
 The metric-learning paper (VSE++ and VSRN, Sec. 4) and VSE+2AD (Sec. 4.1: "a decaying factor of 10%
 for every 15 epochs") step the lr instead: ``x gamma`` every ``step_epochs`` epochs of the run
@@ -26,17 +27,19 @@ OPTIMIZERS = ("adam", "adamw", "adamp")
 SCHEDULES = ("cosine", "step")
 
 
-def build_optimizer(name: str, params: Iterable[Any], lr: float, weight_decay: float
-                    ) -> torch.optim.Optimizer:
-    """``adam`` / ``adamw`` (torch) or ``adamp`` (the ``adamp`` package of its authors)."""
+def build_optimizer(name: str, params: Iterable[Any], lr: float, weight_decay: float,
+                    device: torch.device | None = None) -> torch.optim.Optimizer:
+    """``adam`` / ``adamw`` (torch; fused kernels on CUDA) or ``adamp`` (:mod:`icr.train.adamp`,
+    the update of its authors' package without a host sync per parameter)."""
     if name == "adamp":
-        from adamp import AdamP
+        from icr.train.adamp import AdamP
 
         return AdamP(params, lr=lr, weight_decay=weight_decay)
     if name not in ("adam", "adamw"):
         raise ConfigError(f"optim.name={name!r} is unknown; valid: {', '.join(OPTIMIZERS)}")
     cls = torch.optim.Adam if name == "adam" else torch.optim.AdamW
-    return cls(params, lr=lr, weight_decay=weight_decay)
+    fused = device is not None and device.type == "cuda"
+    return cls(params, lr=lr, weight_decay=weight_decay, fused=fused or None)
 
 
 def schedule_factor(
