@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from icr.losses import build_loss
-from icr.losses.adopt import adopt_k, adopt_loss
+from icr.losses.adopt import adopt_k, adopt_k_tensor, adopt_loss
 from icr.losses.contrastive import LOSSES, loss_options, split_output
 
 # ---------------------------------------------------------------- plain-loop oracle
@@ -68,6 +68,17 @@ def _sims(
 )
 def test_adopt_k_by_hand(align, uniform, batch, expected):
     assert adopt_k(align, uniform, batch) == expected
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3, 128])
+def test_adopt_k_on_the_device_equals_the_host_formula(batch):
+    """The tensor form (no host read of align and uniform) over the whole range, float32 inputs
+    as the loss has them, and the undefined ends (NaN, inf, negative sums)."""
+    ends = torch.tensor([float("nan"), float("inf"), -float("inf")])
+    for align in torch.cat([torch.linspace(-2.0, 3.0, 71), ends]):
+        for uniform in torch.cat([torch.linspace(-1.0, 2.0, 43), ends]):
+            expected = adopt_k(float(align), float(uniform), batch)
+            assert int(adopt_k_tensor(align, uniform, batch)) == expected, (align, uniform)
 
 
 @pytest.mark.parametrize("batch", [2, 3, 7, 128])

@@ -163,6 +163,24 @@ def test_bert_tokens_ignore_extra_padding(tiny_bert):
     torch.testing.assert_close(more[:, : ids.shape[1]][mask], features[mask], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+def test_bert_reads_its_padding_mask_as_transformers_would_build_it(tiny_bert, implementation):
+    """The encoder hands the model a prepared 4-d mask (a 2-d one makes transformers read it on
+    the host at every forward): the outputs are those of the 2-d mask, in both attention
+    implementations, with padding present."""
+    tokenizer = load_bert_tokenizer(tiny_bert)
+    inputs = bert_inputs(CAPTIONS, tokenizer, max_len=12)
+    encoder = BertTokenEncoder(tiny_bert, output_dim=10).eval()
+    encoder.transformer.set_attn_implementation(implementation)
+    ids, mask = inputs["input_ids"], inputs["attention_mask"]
+    assert not mask.all()  # padding present: the comparison bites
+    with torch.no_grad():
+        features, _ = encoder(ids, inputs["lengths"])
+        want = encoder.proj(encoder.transformer(input_ids=ids,
+                                                attention_mask=mask.long()).last_hidden_state)
+    torch.testing.assert_close(features[mask], want[mask], atol=1e-5, rtol=1e-5)
+
+
 def test_bert_freezing_and_backbone_parameters(tiny_bert):
     encoder = BertTokenEncoder(tiny_bert, output_dim=10)
     backbone = {id(p) for p in encoder.backbone_parameters()}

@@ -48,20 +48,39 @@ def adopt_k(align: float, uniform: float, batch: int) -> int:
     return min(max(k, 1), batch - 1)
 
 
+def adopt_k_tensor(align: Tensor, uniform: Tensor, batch: int) -> Tensor:
+    """:func:`adopt_k` on the device, without reading ``align`` and ``uniform`` on the host
+    (which would wait for the GPU at every step). Returns a 0-d int64 tensor.
+
+    ``tests/test_adopt.py`` holds it equal to :func:`adopt_k` over the whole range.
+    """
+    total = align.double() + uniform.double()  # () as Python adds the two floats
+    total = torch.where(torch.isfinite(total), total.clamp(min=0.0), torch.zeros_like(total))
+    angle = (total**ADOPT_POWER).clamp(max=math.pi / 2)
+    k = torch.trunc(torch.cos(angle) * batch).long() + 1  # int() truncates toward 0
+    return k.clamp(1, max(batch - 1, 1)) if batch > 1 else torch.zeros_like(k)
+
+
 def _hardest_k_cross_entropy(
-    scores: Tensor, negatives: Tensor, k: int, margin: float, tau: float
+    scores: Tensor, negatives: Tensor, k: Tensor, margin: float, tau: float
 ) -> Tensor:
     """Mean over query rows of CE over ``[positive, K hardest negatives + margin] / tau``.
 
+    The negatives are sorted and all but the first ``k`` masked with -inf, so ``k`` can stay on
+    the device (a ``topk`` needs it on the host); -inf entries weigh nothing in the softmax.
+
     Shapes:
-        scores: ``(B, B)`` query rows, positives on the diagonal; negatives: ``(B, B)`` bool.
+        scores: ``(B, B)`` query rows, positives on the diagonal; negatives: ``(B, B)`` bool;
+        k: 0-d int64.
     """
     positive = scores.diagonal()[:, None]  # (B, 1)
     # -inf, not 0 as in the reference, so a positive or a same-image pair is never chosen as a
     # "negative"; a query with fewer than K negatives picks -inf entries, which weigh nothing.
     candidates = scores.masked_fill(~negatives, float("-inf"))  # (B, B)
-    hardest = candidates.topk(k, dim=1).values  # (B, K)
-    logits = torch.cat([positive, hardest + margin], dim=1) / tau  # (B, 1 + K)
+    ranked = candidates.sort(dim=1, descending=True).values  # (B, B)
+    rank = torch.arange(ranked.shape[1], device=scores.device)[None, :]  # (1, B)
+    hardest = ranked.masked_fill(rank >= k, float("-inf"))  # (B, B): the K hardest kept
+    logits = torch.cat([positive, hardest + margin], dim=1) / tau  # (B, 1 + B)
     targets = torch.zeros(scores.shape[0], dtype=torch.long, device=scores.device)  # (B,)
     return F.cross_entropy(logits, targets)
 
@@ -79,7 +98,8 @@ def adopt_loss(
        published numbers and the K trajectory (about B/2 early, falling to 1) come from it.
        Both are computed without gradient, over the whole matrix, so K is the same in both
        directions.
-    2. ``K = adopt_k(align, uniform, B)`` (Eq. 6 as in the code, see :func:`adopt_k`).
+    2. ``K = adopt_k(align, uniform, B)`` (Eq. 6 as in the code, see :func:`adopt_k`),
+       computed on the device (:func:`adopt_k_tensor`).
     3. For each image query (rows) and each caption query (columns), the K negatives of highest
        similarity; ``margin`` is added to their similarities; the loss is the cross-entropy of
        the positive among ``[positive, negatives] / tau``, averaged over queries, and the two
@@ -114,8 +134,8 @@ def adopt_loss(
         align = sims.diagonal().mean()
         eye = torch.eye(batch, dtype=torch.bool, device=sims.device)  # (B, B)
         uniform = torch.exp(-sims.masked_fill(eye, 0.0)).mean()
-    k = adopt_k(float(align), float(uniform), batch)
+    k = adopt_k_tensor(align, uniform, batch)  # ()
     i2t = _hardest_k_cross_entropy(sims, negatives, k, margin, tau)  # image queries: rows
     t2i = _hardest_k_cross_entropy(sims.t(), negatives.t(), k, margin, tau)  # caption queries
-    logs = {"K": torch.tensor(float(k), device=sims.device), "align": align, "uniform": uniform}
+    logs = {"K": k.float(), "align": align, "uniform": uniform}
     return LossOutput(0.5 * (i2t + t2i), logs)

@@ -3,7 +3,9 @@
 A batch in the project's pair convention (:mod:`icr.losses.contrastive`) holds ``B`` image-caption
 pairs; with image-level batches (:mod:`icr.data.sampler`) every image appears once per caption, so
 its row of ``sims`` is repeated. SmoothAP is defined over distinct queries and candidates, so the
-pairs are first folded into an image-by-caption matrix (:func:`image_caption_matrix`):
+pairs are first folded by image (the rows of an image averaged; :func:`image_caption_matrix`
+folds them into distinct rows, the loss keeps one folded row per pair and weights each image's
+rows so that it counts once, which keeps every shape at ``B`` and the GPU from waiting):
 
 - image queries: one per distinct image id; its positives are all the batch's captions of that
   image, its candidates all ``B`` captions;
@@ -145,7 +147,49 @@ def smoothap_loss(sims: Tensor, image_ids: Tensor | None = None, *, tau: float =
         Brown et al., "Smooth-AP", ECCV 2020, Eq. 8; Eqs. 5-8 of Bleeker & de Rijke, "Do Lessons
         from Metric Learning Generalize to Image-Caption Retrieval?" (ECIR 2022).
     """
-    matrix, caption_image = image_caption_matrix(sims, image_ids)  # (I, B), (B,)
-    i2t = 1 - smoothap_i2t(matrix, caption_image, tau)  # (I,)
-    t2i = 1 - smoothap_t2i(matrix, caption_image, tau)  # (B,)
-    return 0.5 * (i2t.mean() + t2i.mean())
+    batch = sims.shape[0]
+    if sims.dim() != 2 or sims.shape[1] != batch:
+        raise ValueError(f"sims must be a square (B, B) matrix, got {tuple(sims.shape)}")
+    if image_ids is None:
+        image_ids = torch.arange(batch, device=sims.device)
+    elif image_ids.shape != (batch,):
+        raise ValueError(f"image_ids must have shape ({batch},), got {tuple(image_ids.shape)}")
+    same = image_ids.to(sims.device)[:, None] == image_ids.to(sims.device)[None, :]  # (B, B)
+    count = same.sum(1).to(sims.dtype)  # (B,) pairs of each pair's image
+    matrix = (same.to(sims.dtype) @ sims) / count[:, None]  # (B, B): row i = i's image, folded
+    weight = 1.0 / count  # (B,): each distinct image counts once over its rows
+    i2t = 1 - pair_smoothap_i2t(matrix, same, tau)  # (B,) one per row, equal within an image
+    t2i = 1 - pair_smoothap_t2i(matrix, same, weight, tau)  # (B,)
+    return 0.5 * ((i2t * weight).sum() / weight.sum() + t2i.mean())
+
+
+def pair_smoothap_i2t(matrix: Tensor, same: Tensor, tau: float) -> Tensor:
+    """Smooth AP of each pair's image as a query over all captions (Eq. 8 of Brown et al.),
+    in fixed shapes: the rows of one image are equal, and so are their APs.
+
+    The fold into distinct images (:func:`image_caption_matrix`) has shapes that depend on the
+    batch's content, which a GPU can only learn by waiting for it; here every shape is ``B``.
+
+    Shapes:
+        matrix: ``(B, C)`` folded rows; same: ``(B, C)`` bool, caption j is of row i's image;
+        returns ``(B,)``.
+    """
+    step = smooth_step(matrix[:, None, :] - matrix[:, :, None], tau)  # (B, P=C, C): G(D_pj)
+    own = torch.arange(matrix.shape[1], device=matrix.device)  # (C,)
+    others = own[None, :] != own[:, None]  # (P, C): j != p
+    rank_all = 1 + (step * others).sum(2)  # (B, P) R(p)
+    rank_pos = 1 + (step * (others[None] & same[:, None, :])).sum(2)  # (B, P) R_pos(p)
+    ratio = torch.where(same, rank_pos / rank_all, 0.0)  # (B, P): the positives p only
+    return ratio.sum(1) / same.sum(1)  # (B,)
+
+
+def pair_smoothap_t2i(matrix: Tensor, same: Tensor, weight: Tensor, tau: float) -> Tensor:
+    """Smooth AP of every caption query over the distinct images (one positive: ``1 / R``),
+    each image's rows weighted so that it counts once.
+
+    Shapes:
+        matrix: ``(B, C)``; same: ``(B, C)`` bool; weight: ``(B,)``; returns ``(C,)``.
+    """
+    positive = matrix.diagonal()[None, :]  # (1, C): caption j's own image is row j's
+    step = smooth_step(matrix - positive, tau)  # (B, C)
+    return 1.0 / (1 + (step * ~same * weight[:, None]).sum(0))  # (C,)

@@ -172,19 +172,33 @@ class GPO(nn.Module):
     def position_weights(self, sorted_mask: Tensor) -> Tensor:
         """Softmax weights of the sorted positions, 0 beyond each set's size.
 
+        The weights depend on a set's size ``n`` alone, so they are computed once per size, for
+        every ``n`` in ``1 .. T`` (:meth:`weight_table`), and each set takes its row: the GRU
+        then needs no set size on the host (a packed sequence reads its lengths there, which
+        would wait for the GPU at every step).
+
         Shapes:
             sorted_mask: ``(B, T)`` bool prefix mask; returns ``(B, T)``.
         """
-        batch, length = sorted_mask.shape
-        lengths = sorted_mask.sum(dim=1)  # (B,)
-        pe = positional_encoding(length, self.pe_dim, sorted_mask.device)  # (T, P)
-        pe = pe.expand(batch, length, self.pe_dim)  # (B, T, P)
-        packed = pack_padded_sequence(pe, lengths.cpu(), batch_first=True, enforce_sorted=False)
+        sizes = sorted_mask.sum(dim=1)  # (B,) on the device
+        table = self.weight_table(sorted_mask.shape[1], sorted_mask.device)  # (T, T)
+        return table.index_select(0, (sizes - 1).clamp(min=0))  # (B, T)
+
+    def weight_table(self, length: int, device: torch.device) -> Tensor:
+        """Row ``n - 1``: the weights of a set of ``n`` real tokens, for ``n = 1 .. length``.
+
+        Shapes: returns ``(length, length)``, row ``n - 1`` zero beyond position ``n - 1``.
+        """
+        sizes = torch.arange(length, 0, -1)  # (T,) on the host: T, T - 1, ..., 1
+        pe = positional_encoding(length, self.pe_dim, device)  # (T, P)
+        pe = pe.expand(length, length, self.pe_dim)  # (T, T, P)
+        packed = pack_padded_sequence(pe, sizes, batch_first=True)
         out, _ = self.gru(packed)
-        out, _ = pad_packed_sequence(out, batch_first=True, total_length=length)  # (B, T, 2H)
-        forward_dir, backward_dir = out.chunk(2, dim=-1)  # (B, T, H) each
-        scores = self.score((forward_dir + backward_dir) / 2).squeeze(-1)  # (B, T)
-        return _masked_softmax(scores / self.temperature, sorted_mask)  # (B, T)
+        out, _ = pad_packed_sequence(out, batch_first=True, total_length=length)  # (T, T, 2H)
+        forward_dir, backward_dir = out.chunk(2, dim=-1)  # (T, T, H) each
+        scores = self.score((forward_dir + backward_dir) / 2).squeeze(-1)  # (T, T)
+        mask = torch.arange(length, device=device)[None, :] < sizes.to(device)[:, None]
+        return _masked_softmax(scores / self.temperature, mask).flip(0)  # row n - 1: size n
 
     def forward(self, features: Tensor, mask: Tensor) -> Tensor:
         ordered, sorted_mask = sort_tokens(features, mask)  # (B, T, D), (B, T)

@@ -135,13 +135,11 @@ class TernImageEncoder(nn.Module):
 
     def forward(self, regions: Tensor, mask: Tensor | None = None) -> Tensor:
         batch = regions.shape[0]
-        if mask is None:
-            mask = torch.ones(regions.shape[:2], dtype=torch.bool, device=regions.device)
-        if mask.shape != regions.shape[:2]:
+        if mask is not None and mask.shape != regions.shape[:2]:
             raise ValueError(f"mask must be (B, R) = {tuple(regions.shape[:2])}")
         # padded slots come back as 0 and never enter the BatchNorm (0 x NaN would be NaN even
         # where the attention weight is 0)
-        x, _ = self.embed(regions, mask)  # (B, R, region_dim)
+        x, mask = self.embed(regions, mask)  # (B, R, region_dim), (B, R)
         x = torch.cat([self.cls.expand(batch, 1, -1), x], dim=1)  # (B, 1 + R, region_dim)
         mask = torch.cat([mask.new_ones(batch, 1), mask], dim=1)  # (B, 1 + R), CLS always real
         x = self.proj(self.regions(x, mask))  # (B, 1 + R, shared_dim)

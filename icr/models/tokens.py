@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from icr.errors import ConfigError
 from icr.models.text import GRUCaptionEncoder
@@ -59,6 +59,20 @@ def length_mask(lengths: Tensor, length: int) -> Tensor:
     """
     positions = torch.arange(length, device=lengths.device)  # (T,)
     return positions[None, :] < lengths[:, None]  # (B, T)
+
+
+def unpack(packed: PackedSequence, total_length: int) -> Tensor:
+    """``pad_packed_sequence(packed, batch_first=True)``, padded to ``total_length``, without
+    its host read of the batch order: torch reorders the lengths it returns with the order moved
+    to the CPU, which waits for the GPU at every call. The order is applied on the device.
+
+    Shapes: returns ``(B, total_length, *packed.data.shape[1:])``, in the original batch order.
+    """
+    sorted_out, _ = pad_packed_sequence(PackedSequence(packed.data, packed.batch_sizes),
+                                        batch_first=True, total_length=total_length)
+    if packed.unsorted_indices is None:
+        return sorted_out
+    return sorted_out.index_select(0, packed.unsorted_indices)
 
 
 # --------------------------------------------------------------------------- regions
@@ -97,9 +111,12 @@ class RegionTokenEncoder(nn.Module):
         self.output_dim = output_dim
 
     def forward(self, regions: Tensor, region_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        batch, num_regions, _ = regions.shape
-        if region_mask is None:
-            region_mask = torch.ones(batch, num_regions, dtype=torch.bool, device=regions.device)
+        batch, num_regions, in_dim = regions.shape
+        if region_mask is None:  # every region real (the precomputed files): no selection, which
+            # would wait for the GPU to count the real regions
+            real = self.mlp(self.norm(regions.reshape(-1, in_dim)))  # (B R, D)
+            mask = torch.ones(batch, num_regions, dtype=torch.bool, device=regions.device)
+            return real.view(batch, num_regions, self.output_dim), mask
         real = self.mlp(self.norm(regions[region_mask]))  # (N_real, D)
         features = real.new_zeros(batch, num_regions, self.output_dim)  # (B, R, D)
         features[region_mask] = real
@@ -165,7 +182,7 @@ class GRUTokenEncoder(GRUCaptionEncoder):
         emb = self.dropout(self.embed(tokens))  # (B, T, E)
         packed = pack_padded_sequence(emb, lengths.cpu(), batch_first=True, enforce_sorted=False)
         out, _ = self.gru(packed)
-        out, _ = pad_packed_sequence(out, batch_first=True, total_length=length)  # (B, T, dirs*H)
+        out = unpack(out, length)  # (B, T, dirs*H)
         per_direction = out.view(*out.shape[:2], self.num_directions, self.hidden_dim)
         features = per_direction.mean(dim=2)  # (B, T, H)
         return features, length_mask(lengths.to(tokens.device), length)
@@ -333,8 +350,27 @@ class BertTokenEncoder(nn.Module):
 
     def forward(self, tokens: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
         mask = length_mask(lengths.to(tokens.device), tokens.shape[1])  # (B, T)
-        out = self.transformer(input_ids=tokens, attention_mask=mask.long())
+        out = self.transformer(input_ids=tokens, attention_mask=self._attention_mask(mask))
         return self.proj(out.last_hidden_state), mask  # (B, T, D), (B, T)
+
+    def _attention_mask(self, mask: Tensor) -> Tensor:
+        """The padding mask as the 4-d mask the model's attention reads, ``(B, 1, 1, T)``.
+
+        Given a 2-d mask, transformers first asks whether every token is real (to skip the mask
+        for PyTorch's SDPA), which reads the mask on the host: a wait for the GPU at every
+        forward. A prepared 4-d mask is used as it is (``create_bidirectional_mask``): boolean
+        (True = attend) for SDPA, additive (0 or the dtype's minimum) for eager attention, as
+        transformers itself would build them. Other implementations get the 2-d mask.
+        """
+        implementation = getattr(self.transformer.config, "_attn_implementation", None)
+        if implementation == "sdpa":
+            return mask[:, None, None, :]
+        if implementation == "eager":
+            dtype = self.transformer.get_input_embeddings().weight.dtype
+            blocked = torch.finfo(dtype).min
+            return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(
+                ~mask, blocked)[:, None, None, :]
+        return mask.long()
 
     def set_embeddings_trainable(self, flag: bool) -> None:
         """Freeze (``False``) or unfreeze (``True``) the transformer; see the class docstring."""

@@ -34,12 +34,17 @@ from icr.models.image import IMAGE_ENCODERS, maybe_load_weights
 __all__ = ["GraphReasoning", "VSRNEncoder", "vsrn"]
 
 
-def _masked_batchnorm(norm: nn.BatchNorm1d, x: Tensor, mask: Tensor) -> Tensor:
+def _masked_batchnorm(norm: nn.BatchNorm1d, x: Tensor, mask: Tensor | None) -> Tensor:
     """BatchNorm over the real regions of the batch only; padded positions come back as 0.
 
+    ``mask`` ``None``: every region is real, and no selection is made (selecting the real rows
+    waits for the GPU to count them).
+
     Shapes:
-        x: ``(B, R, D)``; mask: ``(B, R)`` bool; returns ``(B, R, D)``.
+        x: ``(B, R, D)``; mask: ``(B, R)`` bool or None; returns ``(B, R, D)``.
     """
+    if mask is None:
+        return norm(x.reshape(-1, x.shape[-1])).view_as(x)
     out = torch.zeros_like(x)
     out[mask] = norm(x[mask])  # (M, D): the statistics of real regions only
     return out
@@ -58,7 +63,8 @@ class GraphReasoning(nn.Module):
         inter_dim: size of the theta / phi / g projections (``dim`` in VSRN).
 
     Shapes:
-        x: ``(B, R, dim)``; mask: ``(B, R)`` bool; returns ``(B, R, dim)``.
+        x: ``(B, R, dim)``; mask: ``(B, R)`` bool, or None when every region is real;
+        returns ``(B, R, dim)``.
 
     References:
         Li et al., "Visual Semantic Reasoning for Image-Text Matching", ICCV 2019 (region
@@ -77,10 +83,13 @@ class GraphReasoning(nn.Module):
         nn.init.zeros_(self.norm.weight)
         nn.init.zeros_(self.norm.bias)
 
-    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
-        count = mask.sum(1, keepdim=True).to(x.dtype)  # (B, 1) regions per image
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
         affinity = self.theta(x) @ self.phi(x).transpose(1, 2)  # (B, R, R)
-        affinity = affinity.masked_fill(~mask[:, None, :], 0.0) / count[:, :, None]
+        if mask is None:  # every region real
+            affinity = affinity / x.shape[1]
+        else:
+            count = mask.sum(1, keepdim=True).to(x.dtype)  # (B, 1) regions per image
+            affinity = affinity.masked_fill(~mask[:, None, :], 0.0) / count[:, :, None]
         update = self.W(affinity @ self.g(x))  # (B, R, dim)
         return x + _masked_batchnorm(self.norm, update, mask)
 
@@ -121,22 +130,27 @@ class VSRNEncoder(nn.Module):
         self.output_dim = output_dim
 
     def forward(self, regions: Tensor, mask: Tensor | None = None) -> Tensor:
-        if mask is None:
-            mask = torch.ones(regions.shape[:2], dtype=torch.bool, device=regions.device)
-        if mask.shape != regions.shape[:2] or not bool(mask.any(1).all()):
+        if mask is None:  # every region real (the precomputed files): nothing to select, and
+            # the GRU reads all R regions (no lengths to count on the device)
+            x = self.fc(regions)  # (B, R, D)
+        elif mask.shape != regions.shape[:2] or not bool(mask.any(1).all()):
             raise ValueError(
                 f"mask must be (B, R) = {tuple(regions.shape[:2])} with a real region per image"
             )
-        x = self.fc(regions.masked_fill(~mask[..., None], 0.0))  # (B, R, D)
+        else:
+            x = self.fc(regions.masked_fill(~mask[..., None], 0.0))  # (B, R, D)
         if self.normalize_regions:
             x = F.normalize(x, dim=-1)
         for layer in self.reasoning:
             x = layer(x, mask)  # (B, R, D)
         x = F.normalize(x, dim=-1)
+        if mask is None:
+            _, hidden = self.gru(x)  # (1, B, D)
+            return hidden[-1]  # (B, D)
         # real regions first, in their order, so the GRU can stop at each image's last one
         order = torch.sort((~mask).to(torch.uint8), dim=1, stable=True).indices  # (B, R)
         x = x.gather(1, order[..., None].expand_as(x))  # (B, R, D)
-        lengths = mask.sum(1).cpu()  # (B,)
+        lengths = mask.sum(1).cpu()  # (B,): the packed GRU reads them on the host
         packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
         _, hidden = self.gru(packed)  # (1, B, D)
         return hidden[-1]  # (B, D)

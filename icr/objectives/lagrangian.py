@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from icr.errors import ConfigError, TrainingError
+from icr.errors import ConfigError
 from icr.objectives.objective import OBJECTIVES, Objective, ObjectiveOutput
 
 logger = logging.getLogger(__name__)
@@ -72,15 +72,17 @@ class LagrangeMultiplier(nn.Module):
         return self.value.detach()
 
     def step(self, violation: Tensor) -> None:
-        """One projected ascent step on ``lambda * violation``; ``violation`` is a constant."""
+        """One projected ascent step on ``lambda * violation``; ``violation`` is a constant.
+
+        A non-finite violation (``L_rec`` not finite) counts as 0, so lambda stays finite; the
+        training loss is then not finite either, which stops the run (the training loop checks
+        it without a device sync per step, so this step must not sync either).
+        """
         violation = violation.detach().to(self.value)  # () constant for lambda
-        if not torch.isfinite(violation):
-            raise TrainingError(
-                f"constraint violation is {violation.item()}: L_rec is not finite; "
-                "lower the learning rate or enable gradient clipping"
-            )
+        finite = torch.isfinite(violation)
         self.optimizer.zero_grad(set_to_none=True)
-        self.value.grad = violation.clone()  # d/dlambda of lambda * violation
+        # d/dlambda of lambda * violation
+        self.value.grad = torch.where(finite, violation, torch.zeros_like(violation))
         self.optimizer.step()
         with torch.no_grad():
             self.value.clamp_(0.0, self.max_value)
@@ -151,6 +153,10 @@ class Lagrangian(Objective):
         violation = torch.stack(self._violations).mean()  # ()
         self._violations = []
         self.multiplier.step(violation)
+
+    def to(self, device: torch.device) -> Lagrangian:
+        self.multiplier.to(device)
+        return self
 
     def state_dict(self) -> dict[str, Any]:
         return {"multiplier": self.multiplier.state_dict()}

@@ -12,6 +12,7 @@ import abc
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import torch
 from torch import Tensor
 
 from icr.errors import ConfigError
@@ -43,6 +44,10 @@ class Objective(abc.ABC):
 
     def step(self) -> None:  # noqa: B027 - most objectives have no parameters of their own
         """Update the objective's own parameters after the model's optimiser step."""
+
+    def to(self, device: torch.device) -> Objective:
+        """Move the objective's own tensors (a multiplier) to the training device."""
+        return self
 
     def metrics(self) -> dict[str, float]:
         """The objective's own state worth recording after an epoch (e.g. the multiplier)."""
