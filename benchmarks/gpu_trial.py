@@ -1,6 +1,7 @@
 """A trial's training on a GPU, per architecture: throughput, memory, data waits, CPU agreement.
 
     python benchmarks/gpu_trial.py                           # every architecture, 300 steps
+    python benchmarks/gpu_trial.py --sizes paper             # the papers' model sizes
     python benchmarks/gpu_trial.py --archs tern vsrn --steps 100 --set model.embed_dim=1024
 
 For each retrieval architecture of the studies (the recipe its study trains, on the embedded
@@ -18,8 +19,9 @@ training steps after ``--warmup`` untimed ones and prints:
 
 - samples per second (pairs trained per second of wall time, the GPU synchronised per step);
 - peak GPU memory allocated (``torch.cuda.max_memory_allocated``) over the timed steps;
-- data wait: the share of step time spent waiting for the next batch from the DataLoader
-  (pinned memory and workers as :mod:`icr.train.device` sets them on CUDA);
+- data wait: the share of step time spent waiting for the next batch (:mod:`icr.data.batches`:
+  slices of the epoch's plan and a gather of the inputs on the GPU; the first batch of each
+  epoch also plans the epoch);
 - one fixed batch (the first of epoch 0) encoded in evaluation mode, float32, by the trained
   weights on the GPU and by a CPU copy of them: the largest embedding difference, the loss and
   the batch's retrieval metrics (R@1/5/10 both ways, rsum, over the batch's distinct images) on
@@ -45,6 +47,10 @@ import torch
 
 ARCHS = ("ltd_bound", "vsepp", "vsrn", "adpool", "gpo", "tern")
 BATCH = 128  # the papers' batch size (LTD, metric-learning losses, VSE+2AD; LTD's TERN runs)
+# --sizes paper: the papers' model sizes (embedding and GRU 1024, the image side's output 1024)
+# on the embedded benchmark's data, with cuDNN's autotuner on (as the issue's table measured)
+PAPER_SIZES = {"model.embed_dim": 1024, "text.hidden_dim": 1024, "image.output_dim": 1024,
+               "train.deterministic": False}
 
 
 def arch_config(name: str) -> dict[str, Any]:
@@ -166,7 +172,7 @@ def agreement(reference: Mapping[str, float], other: Mapping[str, float], *, tol
 def _batches(task: Any) -> Iterator[dict[str, torch.Tensor]]:
     epoch = 0
     while True:
-        yield from task.loader(epoch)
+        yield from task.batches(epoch)
         epoch += 1
 
 
@@ -195,8 +201,10 @@ def run_arch(name: str, args: argparse.Namespace, workspace: Any,
 
     device = device or torch.device("cuda")
     cuda = device.type == "cuda"
-    flat = {**arch_config(name), "data.preset": args.preset, "train.batch_size": args.batch_size,
-            "train.device": str(device), **parse_overrides(args.set or [])}
+    sizes = PAPER_SIZES if args.sizes == "paper" else {}
+    flat = {**arch_config(name), **sizes, "data.preset": args.preset,
+            "train.batch_size": args.batch_size, "train.device": str(device),
+            **parse_overrides(args.set or [])}
     config = from_flat(flat)
     configure_backends(device, config.train.deterministic)
     torch.manual_seed(0)
@@ -205,7 +213,7 @@ def run_arch(name: str, args: argparse.Namespace, workspace: Any,
     if config.image.frozen:
         task.encoder.image_encoder.set_backbone_trainable(False)
     task.net.train()
-    fixed = next(iter(task.loader(0)))
+    fixed = next(task.batches(0))
     counter = iter(range(10**9))
     if cuda:
         torch.cuda.reset_peak_memory_stats()
@@ -234,6 +242,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=20, help="untimed steps first")
     parser.add_argument("--batch-size", type=int, default=BATCH)
     parser.add_argument("--preset", default="default", choices=("tiny", "small", "default"))
+    parser.add_argument("--sizes", default="recipe", choices=("recipe", "paper"),
+                        help="the study recipe's model sizes, or the papers' (PAPER_SIZES)")
     parser.add_argument("--tolerance", type=float, default=1e-3,
                         help="largest embedding difference and relative loss difference")
     parser.add_argument("--workspace", type=Path, help="default: ICR_WORKSPACE or ./workspace")
@@ -247,7 +257,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     workspace = Workspace.resolve(args.workspace)
     print(f"{torch.cuda.get_device_name()}: {args.steps} steps of {args.batch_size} pairs after "
-          f"{args.warmup} warm-up steps, preset {args.preset}")
+          f"{args.warmup} warm-up steps, preset {args.preset}, {args.sizes} sizes, torch "
+          f"{torch.__version__}")
     print("| arch | samples/s | peak MiB | data wait % | fixed batch, CPU/GPU "
           f"(tolerance {args.tolerance:g}) |")
     print("| :--- | ---: | ---: | ---: | :--- |")

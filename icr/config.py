@@ -99,8 +99,9 @@ class DataConfig:
         "rouge, none, or a path to an .npy matrix", path=("auto", "semantic", "rouge", "none")
     )
     image_size: int = _field(64, "images are resized to this square size", low=16)
-    num_workers: int = _field(-1, "training DataLoader worker processes; -1 = auto: none on CPU, "
-                              "the trial's CPU threads (at most 4) on CUDA", low=-1)
+    device_budget_gb: float = _field(
+        8.0, "image inputs, captions and targets are held on the training device when they take "
+        "at most this many GB; beyond, in host memory (memory-mapped, gathered per batch)", low=0)
 
 
 @dataclass(frozen=True)
@@ -260,8 +261,11 @@ class TrainConfig:
     swa_snapshots: int = _field(5, "snapshots averaged per epoch", low=1)
     swa_fraction: float = _field(0.1, "fraction of each epoch the snapshots span", low=0, high=1)
     swa_bn_batches: int = _field(20, "batches used to refresh BatchNorm statistics after SWA", low=1)
-    amp: bool = _field(True, "mixed precision: float16 autocast + loss scaling (CUDA only; "
-                       "ignored on CPU)")
+    amp: bool = _field(True, "mixed precision on CUDA (ignored on CPU): autocast in "
+                       "train.amp_dtype")
+    amp_dtype: str = _field("auto", "autocast type: auto (bfloat16 where the GPU supports it, "
+                            "else float16 with loss scaling), bfloat16 or float16",
+                            choices=("auto", "bfloat16", "float16"))
     deterministic: bool = _field(True, "CUDA: deterministic kernels, cuDNN autotuner off (same "
                                  "numbers on a rerun); false: cudnn.benchmark on (faster)")
     device: str = _field("auto", "auto, cpu, cuda or cuda:N")

@@ -180,6 +180,7 @@ def test_gpu_trial_runs_an_architecture_on_cpu(arch, capsys, workspace):
 
     gpu_trial = load("gpu_trial")
     args = argparse.Namespace(steps=2, warmup=1, batch_size=16, preset="tiny", tolerance=1e-6,
+                              sizes="recipe",
                               set=["model.embed_dim=16", "decoder.hidden_dim=16",
                                    "image.transformer_layers=1", "text.bert_layers=1"])
     import torch
@@ -187,6 +188,24 @@ def test_gpu_trial_runs_an_architecture_on_cpu(arch, capsys, workspace):
     assert gpu_trial.run_arch(arch, args, workspace, torch.device("cpu"))
     row = capsys.readouterr().out.strip().splitlines()[-1]
     assert row.startswith(f"| {arch} |") and "emb_max_abs=0/0 " in row and "DIFFERS" not in row
+
+
+def test_data_path_prints_one_line_per_architecture(capsys, workspace, monkeypatch):
+    """benchmarks/data_path.py on the tiny preset: the issue's line format, with the per-pair
+    reference path beside the assembly; its batches at 128 pairs exceed the tiny preset's
+    captions, so the benchmark's batch is lowered for the test."""
+    data_path = load("data_path")
+    monkeypatch.setattr(data_path, "BATCH", 16)
+    data_path.main(["--archs", "ltd_bound", "vsepp", "--steps", "2", "--preset", "tiny",
+                    "--workspace", str(workspace.root), "--set", "model.embed_dim=16",
+                    "decoder.hidden_dim=16"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    for arch, line in zip(("ltd_bound", "vsepp"), lines[1:], strict=True):
+        found = re.match(rf"{arch} assembly ([\d.]+) ms step ([\d.]+) ms ratio ([\d.]+) "
+                         r"\(per-pair path ([\d.]+) ms: ([\d.]+)x; epoch plan", line)
+        assert found, line
+        assert float(found[3]) == pytest.approx(float(found[1]) / float(found[2]), rel=0.05,
+                                                abs=1e-4)
 
 
 def test_plan_estimate_compares_the_calibrated_estimate_with_a_measured_time(capsys, workspace):

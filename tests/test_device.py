@@ -1,5 +1,6 @@
-"""What a GPU changes, checked on CPU: AMP is a no-op there (bit-identical training), loader options
-per device, cuDNN switches only on CUDA; and, where a GPU is present, AMP really runs float16."""
+"""What a GPU changes, checked on CPU: AMP is a no-op there (bit-identical training), bfloat16
+where the GPU supports it and float16 with loss scaling elsewhere, cuDNN switches only on CUDA;
+and, where a GPU is present, AMP really runs in reduced precision."""
 
 from __future__ import annotations
 
@@ -7,19 +8,14 @@ import pytest
 import torch
 
 from icr.config import from_flat
-from icr.train.device import (
-    MAX_AUTO_WORKERS,
-    Precision,
-    configure_backends,
-    loader_options,
-    worker_count,
-)
+from icr.train.device import Precision, configure_backends
 from icr.train.tasks import build_task
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
 
-def test_amp_takes_effect_on_cuda_only():
+def test_amp_takes_effect_on_cuda_only(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
     assert Precision.of(True, CUDA).enabled and not Precision.of(False, CUDA).enabled
     off = Precision.of(True, CPU)
     assert not off.enabled
@@ -48,21 +44,25 @@ def test_amp_on_cpu_trains_bit_identically_to_fp32(workspace):
         task = build_task(_config(amp), workspace, CPU)
         assert not task.precision.enabled and not task.scaler.is_enabled()
         task.net.train()
-        for step, batch in zip(range(2), task.loader(0), strict=False):
+        for step, batch in enumerate(task.batches(0, steps=2)):
             task.train_step(batch, 0, step)
         states.append(task.model_state())
     assert all(torch.equal(states[0][k], states[1][k]) for k in states[0])
 
 
-def test_loader_options_per_device(monkeypatch):
-    assert loader_options(-1, CPU) == {"num_workers": 0, "pin_memory": False}
-    assert loader_options(3, CPU) == {"num_workers": 3, "pin_memory": False}
-    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
-    assert loader_options(-1, CUDA) == {"num_workers": 2, "pin_memory": True}
-    monkeypatch.setattr(torch, "get_num_threads", lambda: 64)
-    assert worker_count(-1, CUDA) == MAX_AUTO_WORKERS
-    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
-    assert worker_count(-1, CUDA) == 1 and worker_count(0, CUDA) == 0
+def test_amp_is_bfloat16_without_a_scaler_where_the_gpu_supports_it(monkeypatch):
+    """bfloat16 keeps float32's range: no loss scaling, so no skipped optimiser steps (the
+    float16 scaler's first steps skip, and the scheduler then warns it stepped first)."""
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    bf16 = Precision.of(True, CUDA)
+    assert bf16.dtype == torch.bfloat16 and not bf16.scales_loss
+    assert not bf16.scaler().is_enabled()
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)
+    fp16 = Precision.of(True, CUDA)
+    assert fp16.dtype == torch.float16 and fp16.scales_loss
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    forced = Precision.of(True, CUDA, "float16")
+    assert forced.dtype == torch.float16 and forced.scales_loss
 
 
 @pytest.fixture
@@ -97,11 +97,11 @@ def test_cudnn_switches_only_on_cuda():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_amp_on_cuda_runs_float16_and_scales_the_loss():
+def test_amp_on_cuda_runs_in_reduced_precision_and_scales_float16_only():
     on = Precision.of(True, CUDA)
     x = torch.randn(4, 8, device="cuda")
     with on.autocast():
-        assert (x @ x.t()).dtype == torch.float16
-    scaler = on.scaler()
+        assert (x @ x.t()).dtype == on.dtype
+    fp16 = Precision.of(True, CUDA, "float16")
     loss = torch.tensor(1.0, device="cuda")
-    assert scaler.is_enabled() and float(scaler.scale(loss)) > 1.0
+    assert fp16.scaler().is_enabled() and float(fp16.scaler().scale(loss)) > 1.0

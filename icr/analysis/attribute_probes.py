@@ -116,7 +116,7 @@ def _input_features(data: PreparedData) -> tuple[Features, Features]:
     def side(split: str) -> Features:
         clean = VocabInput(data.vocab, 10_000, 0.0, 0.0)
         ids = encode_split_captions(data.splits[split], clean)
-        return input_image_features(data.images[split]), bag_of_words(ids, len(data.vocab))
+        return input_image_features(data.images[split].tensor()), bag_of_words(ids, len(data.vocab))
 
     return side("train"), side("test")
 

@@ -98,22 +98,23 @@ def compute_backbone_features(
         images_uint8: RGB images, 0-255.
         normalize_fn: turns a float batch in [0, 1] into the encoder's input.
         batch_size: images per forward pass.
-        device: where the encoder runs (its parameters' device by default).
+        device: where the encoder runs (its parameters' device by default); the encoder is
+            moved there.
 
     Shapes:
-        images_uint8: ``(N, 3, H, W)`` uint8; returns ``(N, D)`` float32 on the CPU.
+        images_uint8: ``(N, 3, H, W)`` uint8; returns ``(N, D)`` float32 on ``device``.
     """
     if device is None:
         device = next(encoder.parameters()).device
-    images = torch.as_tensor(images_uint8)
+    encoder.to(device)  # where the images go: the module and its input on one device
     was_training = encoder.training
     encoder.eval()
     try:
         parts = []
-        for start in range(0, len(images), batch_size):
-            batch = images[start : start + batch_size].to(device, non_blocking=True)
-            batch = normalize_fn(batch.float() / 255.0)  # (b, 3, H, W)
-            parts.append(encoder(batch).float().cpu())  # (b, D)
+        for start in range(0, len(images_uint8), batch_size):
+            batch = torch.as_tensor(np.array(images_uint8[start : start + batch_size]))
+            batch = normalize_fn(batch.to(device).float() / 255.0)  # (b, 3, H, W)
+            parts.append(encoder(batch).float())  # (b, D)
     finally:
         encoder.train(was_training)
     return torch.cat(parts)
@@ -154,7 +155,7 @@ def cached_backbone_features(
         logger.warning("backbone features: %s has shape %s; recomputing", path, features.shape)
     features = compute_backbone_features(
         encoder, images_uint8, normalize_fn, batch_size=batch_size, device=device
-    )
+    ).cpu()
     save_npy_atomic(path, features.numpy())
     logger.info("backbone features %s written to %s", tuple(features.shape), path)
     return features

@@ -4,35 +4,33 @@
 vocabulary from the training split, loads the word vectors, the latent targets (LTD), the nDCG
 relevance matrices and the CxC extended positives. Everything expensive is cached under
 ``<workspace>/cache`` keyed by a fingerprint of its inputs, so the trials of a study (and a second
-study) find it ready. :class:`PairDataset` and :func:`collate_pairs` feed training.
+study) find it ready. Image inputs stay in their files (:class:`~icr.data.images.SplitImages`,
+memory-mapped); :mod:`icr.data.batches` makes training batches of them.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-import random
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 from PIL import Image
-from torch.utils.data import Dataset
 
 from icr.config import ExperimentConfig, used_keys
 from icr.data import cxc, precomp
 from icr.data.captions import CaptionInput, VocabInput, WordpieceInput
 from icr.data.datasets import SPLITS, DatasetSource, load_source
 from icr.data.glove import embedding_matrix, load_glove
+from icr.data.images import PixelNorm, SplitImages
 from icr.data.targets import latent_targets
 from icr.data.types import CaptionedImages
 from icr.data.vocab import Vocabulary
 from icr.errors import ConfigError, DataError
 from icr.io import save_npy_atomic
 from icr.metrics.relevance import cached_relevance
-from icr.seeding import derive_seed
 from icr.workspace import Workspace
 
 log = logging.getLogger(__name__)
@@ -55,7 +53,7 @@ class EvalAssets:
 class PreparedData:
     source: DatasetSource
     splits: dict[str, CaptionedImages]
-    images: dict[str, torch.Tensor]  # split -> (N, 3, H, W) uint8 pixels or (N, R, D) regions
+    images: dict[str, SplitImages]  # split -> (N, 3, H, W) uint8 pixels or (N, R, D) regions
     pixels: PixelNorm  # how the image encoder wants its pixels normalised
     vocab: Vocabulary  # of the training captions (GRU encoders, the ITD decoder, probes)
     captions: CaptionInput  # what the caption encoder reads (vocab ids or wordpieces)
@@ -130,7 +128,7 @@ def _split_key(split: CaptionedImages, *extra: object) -> str:
 
 def image_inputs(
     config: ExperimentConfig, source: DatasetSource, split: CaptionedImages, cache: Path
-) -> torch.Tensor:
+) -> SplitImages:
     """What the image encoder reads: decoded pixels, or precomputed region features."""
     if config.data.features == "pixels":
         return cached_images(split, config.data.image_size, cache)
@@ -140,10 +138,15 @@ def image_inputs(
     return region_features(precomp.load_precomp(folder, split.split), split, config.data.image_size)
 
 
-def region_features(regions: precomp.PrecompSplit, split: CaptionedImages, image_size: int) -> torch.Tensor:
+def region_features(regions: precomp.PrecompSplit, split: CaptionedImages, image_size: int
+                    ) -> SplitImages:
     """Region features in the split's image order, boxes (when given) appended in [0, 1].
 
-    Shapes: returns (N, R, D) or (N, R, D + 4) float32.
+    Nothing is copied: the features stay in their (memory-mapped) file and the split's order is
+    a row map, applied when a batch reads its rows. Boxes are small (16 bytes a region) and are
+    scaled here.
+
+    Shapes: the images read ``(N, R, D)`` or ``(N, R, D + 4)`` float32.
     """
     row = {image_id: i for i, image_id in enumerate(regions.images.image_ids)}
     missing = [i for i in split.image_ids if i not in row]
@@ -152,23 +155,24 @@ def region_features(regions: precomp.PrecompSplit, split: CaptionedImages, image
             f"{len(missing)} {split.split} images (e.g. {missing[0]}) have no row in the region "
             "features' ids file; the ids must be the split's image file names"
         )
-    order = np.array([row[i] for i in split.image_ids])
-    features = np.asarray(regions.features[order], dtype=np.float32)  # (N, R, D)
+    order = np.array([row[i] for i in split.image_ids], dtype=np.int64)
+    rows = None if np.array_equal(order, np.arange(len(regions.features))) else order
+    boxes = None
     if regions.boxes is not None:
-        boxes = np.asarray(regions.boxes[order], dtype=np.float32) / image_size  # (N, R, 4)
-        features = np.concatenate([features, boxes], axis=-1)  # (N, R, D + 4)
-    return torch.from_numpy(features)
+        boxes = np.asarray(regions.boxes, dtype=np.float32) / image_size  # (N_file, R, 4)
+    return SplitImages(regions.features, rows, boxes)
 
 
-def cached_images(split: CaptionedImages, size: int, cache: Path) -> torch.Tensor:
-    """All images of a split decoded and resized once, as a (N, 3, size, size) uint8 tensor.
-
-    Holding decoded images in memory suits the embedded benchmark and Flickr30k-sized splits at
-    small resolutions; the cache file makes every later trial start in well under a second.
-    """
+def cached_images(split: CaptionedImages, size: int, cache: Path) -> SplitImages:
+    """All images of a split decoded and resized once into a (N, 3, size, size) uint8 file,
+    memory-mapped: later trials start at once and share its pages (COCO at 224 px: 17 GB)."""
     path = cache / "images" / f"{split.split}-{size}-{_split_key(split, size)}.npy"
-    if path.exists():
-        return torch.from_numpy(np.load(path))
+    if not path.exists():
+        save_npy_atomic(path, _decode_images(split, size))
+    return SplitImages(np.load(path, mmap_mode="r"))
+
+
+def _decode_images(split: CaptionedImages, size: int) -> np.ndarray:
     array = np.empty((split.num_images, 3, size, size), dtype=np.uint8)
     for i in range(split.num_images):
         file = split.image_path(i)
@@ -180,8 +184,7 @@ def cached_images(split: CaptionedImages, size: int, cache: Path) -> torch.Tenso
                 array[i] = np.asarray(im).transpose(2, 0, 1)
         except (OSError, ValueError) as e:
             raise DataError(f"{file}: cannot read the image ({e})") from None
-    save_npy_atomic(path, array)
-    return torch.from_numpy(array)
+    return array
 
 
 def cached_vocabulary(train: CaptionedImages, min_count: int, cache: Path) -> Vocabulary:
@@ -240,20 +243,6 @@ def relevance_matrix(
     return load_relevance(path, split.num_captions, split.num_images)
 
 
-PixelNorm = Callable[[torch.Tensor], torch.Tensor]  # RGB in [0, 1] (B, 3, H, W) -> encoder input
-
-
-def image_input(
-    images: torch.Tensor, start: int, stop: int, normalize: PixelNorm | None = None
-) -> torch.Tensor:
-    """Rows ``start:stop`` as the encoder reads them: pixels normalised (ImageNet statistics
-    unless the encoder registered its own), region features as they are."""
-    rows = images[start:stop]
-    if rows.dtype != torch.uint8:
-        return rows
-    return (normalize or imagenet_normalize)(rows.float().div_(255.0))
-
-
 def pixel_normalizer(config: ExperimentConfig) -> PixelNorm:
     """How ``image.encoder`` wants its pixels: its registered ``normalize`` of [0, 1] RGB, or the
     ImageNet statistics of torchvision's pretrained backbones."""
@@ -268,92 +257,6 @@ def imagenet_normalize(x: torch.Tensor) -> torch.Tensor:
     mean = x.new_tensor(_MEAN).view(1, 3, 1, 1)
     std = x.new_tensor(_STD).view(1, 3, 1, 1)
     return (x - mean) / std
-
-
-def random_erase(p: float) -> Callable[[torch.Tensor], torch.Tensor]:
-    """torchvision's RandomErasing with probability ``p`` (VSE++'s augmentation). torchvision is
-    imported here, where a dataset erases: importing it imports all of it, torch._dynamo included
-    (1.5 to 3.9 CPU seconds a process, ``benchmarks/process_start.py``)."""
-    from torchvision.transforms import v2
-
-    return v2.RandomErasing(p=p)
-
-
-class PairDataset(Dataset):
-    """One item per training caption: its image, augmented token ids, latent target, image index.
-
-    Each caption is used once per epoch (LTD paper, Section 3.1). Augmentation draws from a
-    generator seeded by (seed, epoch, caption index), so an epoch is reproducible whatever the
-    number of workers and a resumed run sees the same data as an uninterrupted one. ``tokens`` are
-    what the caption encoder reads (:mod:`icr.data.captions`); ``clean_tokens`` the vocabulary ids
-    of the caption, which the ITD decoder reconstructs.
-    """
-
-    def __init__(
-        self,
-        split: CaptionedImages,
-        images: torch.Tensor,
-        captions: CaptionInput,
-        vocab: Vocabulary,
-        *,
-        normalize: PixelNorm | None = None,
-        max_len: int,
-        random_erasing: float,
-        targets: np.ndarray | None,
-        seed: int,
-    ) -> None:
-        self.split, self.images, self.captions = split, images, captions
-        self.normalize = normalize
-        self.targets = None if targets is None else torch.from_numpy(np.asarray(targets))
-        self.erase = random_erase(random_erasing) if random_erasing > 0 else None
-        self.seed, self.epoch = seed, 0
-        clean = VocabInput(vocab, max_len, 0.0, 0.0)
-        self.clean_ids = [clean.ids(c) for c in split.captions]
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        return self.split.num_captions
-
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        rng = random.Random(derive_seed(self.seed, self.epoch, index))
-        image_index = int(self.split.caption_image[index])
-        image = image_input(self.images, image_index, image_index + 1, self.normalize)[0]  # (3, H, W) or (R, D)
-        if self.erase is not None and image.dim() == 3:
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(rng.getrandbits(62))
-                image = self.erase(image)
-        item = {
-            "image": image,
-            "tokens": self.captions.augmented(self.split.captions[index], rng),
-            "clean_tokens": self.clean_ids[index],
-            "image_index": torch.tensor(image_index),
-        }
-        if self.targets is not None:
-            item["target"] = self.targets[index]
-        return item
-
-
-def pad_sequences(seqs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-pad token id sequences with 0: ((B, T) ids, (B,) lengths)."""
-    lengths = torch.tensor([len(s) for s in seqs], dtype=torch.long)
-    out = torch.zeros(len(seqs), int(lengths.max()), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        out[i, : len(s)] = s
-    return out, lengths
-
-
-def collate_pairs(items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    batch = {
-        "images": torch.stack([it["image"] for it in items]),  # (B, 3, H, W)
-        "image_index": torch.stack([it["image_index"] for it in items]),  # (B,)
-    }
-    batch["tokens"], batch["lengths"] = pad_sequences([it["tokens"] for it in items])
-    batch["clean_tokens"], batch["clean_lengths"] = pad_sequences([it["clean_tokens"] for it in items])
-    if "target" in items[0]:
-        batch["targets"] = torch.stack([it["target"] for it in items])  # (B, D_target)
-    return batch
 
 
 def encode_split_captions(split: CaptionedImages, captions: CaptionInput) -> list[torch.Tensor]:

@@ -165,10 +165,21 @@ class PairBatchSampler(Sampler[list[int]]):
             [self._groups[i][p] for i, p in zip(images, picks, strict=True)], dtype=np.int64
         )
 
-    def __iter__(self) -> Iterator[list[int]]:
+    def plan(self) -> tuple[np.ndarray, np.ndarray]:
+        """The epoch as one array: the captions in batch order and each batch's bounds.
+
+        Returns:
+            ``(order, bounds)``: ``(n,)`` int64 caption indices, ``(len(self) + 1,)`` int64;
+            batch ``b`` is ``order[bounds[b]:bounds[b + 1]]``.
+        """
         order = self._order()
-        for start in range(0, len(self) * self.batch_size, self.batch_size):
-            yield order[start : start + self.batch_size].tolist()
+        bounds = np.arange(len(self) + 1, dtype=np.int64) * self.batch_size
+        if not self.drop_last:
+            bounds[-1] = min(bounds[-1], len(order))
+        return order[: bounds[-1]], bounds
+
+    def __iter__(self) -> Iterator[list[int]]:
+        yield from _batches(*self.plan())
 
     def __len__(self) -> int:
         items = len(self.caption_image) if self.epoch_unit == "captions" else len(self._groups)
@@ -212,15 +223,30 @@ class ImageBatchSampler(Sampler[list[int]]):
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
-    def __iter__(self) -> Iterator[list[int]]:
+    def plan(self) -> tuple[np.ndarray, np.ndarray]:
+        """The epoch as one array (see :meth:`PairBatchSampler.plan`): each batch lists the
+        captions of its images, image by image."""
         rng = np.random.default_rng(derive_seed(self.seed, self.epoch, _STREAM))
-        images = rng.permutation(len(self._groups))
-        for start in range(0, len(self) * self.images_per_batch, self.images_per_batch):
-            chosen = images[start : start + self.images_per_batch]
-            yield np.concatenate([self._groups[i] for i in chosen]).tolist()
+        images = rng.permutation(len(self._groups))[: len(self) * self.images_per_batch]
+        groups = [self._groups[i] for i in images]
+        sizes = np.array([len(g) for g in groups], dtype=np.int64)  # captions per image
+        ends = np.cumsum(sizes)
+        last = np.arange(self.images_per_batch, len(images) + self.images_per_batch,
+                         self.images_per_batch).clip(max=len(images)) - 1
+        bounds = np.concatenate([[0], ends[last]]).astype(np.int64)
+        order = np.concatenate(groups) if groups else np.zeros(0, dtype=np.int64)
+        return order.astype(np.int64), bounds
+
+    def __iter__(self) -> Iterator[list[int]]:
+        yield from _batches(*self.plan())
 
     def __len__(self) -> int:
         return _num_batches(len(self._groups), self.images_per_batch, self.drop_last)
+
+
+def _batches(order: np.ndarray, bounds: np.ndarray) -> Iterator[list[int]]:
+    for start, stop in zip(bounds[:-1], bounds[1:], strict=True):
+        yield order[start:stop].tolist()
 
 
 def _captions_by_image(caption_image: np.ndarray) -> list[np.ndarray]:

@@ -93,7 +93,7 @@ def latent_targets(
     key = fingerprint(captions, model_identity(model), normalize)
     path = target_cache_path(cache_dir, model, key)
     if path.exists():
-        targets = np.load(path)
+        targets = np.load(path, mmap_mode="r")  # shared by the trials of a machine
         if targets.shape[0] == len(captions):
             logger.info("latent targets: cache hit %s %s", path, targets.shape)
             return targets

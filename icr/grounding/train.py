@@ -34,8 +34,6 @@ the same data and options.
 from __future__ import annotations
 
 import logging
-import math
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,7 +44,7 @@ from tqdm.auto import tqdm
 
 from icr.context import Attention, Capability, GroundingInputs, dataset_capabilities
 from icr.data.datasets import DatasetSource, load_source
-from icr.errors import ConfigError, DataError, TrainingError
+from icr.errors import ConfigError, DataError
 from icr.grounding.data import GroundingSplit, load_grounding
 from icr.grounding.losses import image_infonce_loss, language_infonce_loss
 from icr.grounding.mlm import HEAD_SOURCE
@@ -61,7 +59,9 @@ from icr.grounding.negatives import (
 from icr.grounding.words import WordEncoder, WordFeatures, word_features
 from icr.metrics.grounding import DEFAULT_BOX_CONVENTION, check_box_convention
 from icr.seeding import derive_seed
+from icr.train.device import Precision
 from icr.train.recipe import build_optimizer
+from icr.train.step_log import StepLog
 from icr.train.tasks import TASKS, Prepared
 
 logger = logging.getLogger(__name__)
@@ -200,7 +200,7 @@ class GroundingTask:
         img_weight, lang_weight: weights of ``L_img`` and ``L_lang`` (1 and 1).
         seed: the run's seed (weights, batch order).
         device: where the model trains.
-        amp: mixed precision on CUDA.
+        amp: mixed precision on CUDA, in ``amp_dtype`` (:class:`icr.train.device.Precision`).
         max_steps_per_epoch: cut epochs short (0: full epochs).
         trajectory_every: a trajectory row every this many steps.
         eval_batch_size: captions per evaluation batch.
@@ -227,6 +227,7 @@ class GroundingTask:
         seed: int = 0,
         device: torch.device | str = "cpu",
         amp: bool = True,
+        amp_dtype: str = "auto",
         max_steps_per_epoch: int = 0,
         trajectory_every: int = 10,
         eval_batch_size: int = 256,
@@ -245,10 +246,11 @@ class GroundingTask:
         self.model = build_grounding_model(
             model, word_dim=data.words["train"].features.shape[-1],
             region_dim=train.region_features.shape[-1], dim=dim).to(self.device)
-        self.optimizer = build_optimizer(optimizer, self.model.parameters(), lr, weight_decay)
+        self.optimizer = build_optimizer(optimizer, self.model.parameters(), lr, weight_decay,
+                                         self.device)
         self.grad_clip = grad_clip
-        self.amp = amp and self.device.type == "cuda"
-        self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp)
+        self.precision = Precision.of(amp, self.device, amp_dtype)
+        self.scaler = self.precision.scaler()
         self.global_step = 0
         self._rows: list[dict[str, float]] = []
 
@@ -290,29 +292,28 @@ class GroundingTask:
         self.model.train()
         generator = torch.Generator().manual_seed(derive_seed(self.seed, epoch))
         order = torch.randperm(self.data.splits["train"].num_captions, generator=generator)
-        sums: dict[str, float] = {}
+        record = StepLog(epoch, "lower optim.lr or check the data")
         steps = range(self.steps_per_epoch)
         bar = tqdm(steps, desc=f"epoch {epoch + 1}/{self.epochs}", disable=not progress,
                    leave=False)
         for step in bar:
             index = np.sort(order[step * self.batch_size:(step + 1) * self.batch_size].numpy())
-            logs = self.train_step(self._batch("train", index), epoch, step)
-            for k, v in logs.items():
-                sums[k] = sums.get(k, 0.0) + v
-        return {f"train_{k}": v / self.steps_per_epoch for k, v in sums.items()}
+            terms = self.train_step(self._batch("train", index), epoch, step)
+            row = self.global_step if self.global_step % self.trajectory_every == 0 else None
+            record.add(terms["loss"], terms, row_step=row)
+        means = record.means()
+        self._rows.extend(record.rows())
+        return means
 
-    def train_step(self, batch: dict[str, torch.Tensor], epoch: int, step: int) -> dict[str, float]:
-        autocast = torch.autocast("cuda", dtype=torch.float16) if self.amp else nullcontext()
-        with autocast:
+    def train_step(self, batch: dict[str, torch.Tensor], epoch: int, step: int
+                   ) -> dict[str, torch.Tensor]:
+        """One optimiser step; the loss and its terms (0-d tensors: nothing here waits for the
+        device, :mod:`icr.train.step_log`)."""
+        with self.precision.autocast():
             terms = self._losses(batch)
             loss = self.img_weight * terms["L_img"]
             if "L_lang" in terms:
                 loss = loss + self.lang_weight * terms["L_lang"]
-        logs = {"loss": float(loss.detach()), **{k: float(v.detach()) for k, v in terms.items()}}
-        if not math.isfinite(logs["loss"]):
-            parts = ", ".join(f"{k}={v:.4g}" for k, v in logs.items())
-            raise TrainingError(f"non-finite grounding loss at epoch {epoch + 1}, step "
-                                f"{step + 1} ({parts}); lower grounding.lr or check the data")
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
         if self.grad_clip > 0:
@@ -321,9 +322,7 @@ class GroundingTask:
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.global_step += 1
-        if self.global_step % self.trajectory_every == 0:
-            self._rows.append({"step": self.global_step, "epoch": epoch + 1, **logs})
-        return logs
+        return {"loss": loss.detach(), **{k: v.detach() for k, v in terms.items()}}
 
     def take_trajectory(self) -> list[dict[str, float]]:
         rows, self._rows = self._rows, []
@@ -432,6 +431,6 @@ def grounding(config: Any, workspace: Any, device: torch.device) -> GroundingTas
         data, model=g.model, dim=g.key_dim, optimizer=o.name, lr=o.lr,
         weight_decay=o.weight_decay, grad_clip=o.grad_clip, batch_size=t.batch_size,
         epochs=config.epochs, img_weight=g.img_weight, lang_weight=g.lang_weight, seed=t.seed,
-        device=device, amp=t.amp, max_steps_per_epoch=t.max_steps_per_epoch,
+        device=device, amp=t.amp, amp_dtype=t.amp_dtype, max_steps_per_epoch=t.max_steps_per_epoch,
         trajectory_every=t.trajectory_every, eval_batch_size=config.eval.batch_size,
         box_convention=g.box_convention)

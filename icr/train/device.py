@@ -1,18 +1,16 @@
-"""What running on a GPU changes: mixed precision, the data loaders, cuDNN and determinism.
+"""What running on a GPU changes: mixed precision, cuDNN and determinism.
 
 Every trial trains on one device (Ray gives a trial one GPU and sets ``CUDA_VISIBLE_DEVICES``;
 ``train.device=auto`` then picks ``cuda``, which is that GPU). On CPU everything here is a no-op,
-so the CPU test suite runs the same code paths the GPU does.
+so the CPU test suite runs the same code paths the GPU does. Where the data sits and how batches
+reach the device is :mod:`icr.data.batches`.
 
-- :class:`Precision`: ``train.amp`` on CUDA is float16 autocast around the forward pass and the
-  losses, with a ``GradScaler`` scaling the loss before ``backward`` (unscaled once before
-  gradient clipping); on CPU both are disabled (``autocast`` is a null context, the scaler passes
-  the loss and the optimiser step through).
-- :func:`loader_options`: on CUDA the training loader pins its batches in page-locked memory
-  (so ``.to(device, non_blocking=True)`` overlaps the copy with compute) and uses worker
-  processes; ``data.num_workers=-1`` (auto) means as many workers as the trial's CPU threads (Ray
-  sets them to the CPUs reserved per trial), at most 4, on CUDA, and none on CPU, where workers
-  would take the cores the training needs.
+- :class:`Precision`: ``train.amp`` on CUDA is autocast around the forward pass and the losses,
+  in bfloat16 where the GPU supports it (Ampere and later: float32's range, so no loss scaling
+  and no skipped steps) and in float16 with a ``GradScaler`` elsewhere (the loss scaled before
+  ``backward``, unscaled once before gradient clipping); ``train.amp_dtype`` forces either. On
+  CPU both are disabled (``autocast`` is a null context, the scaler passes the loss and the
+  optimiser step through).
 - :func:`configure_backends`: with ``train.deterministic`` (the default) cuDNN's autotuner is off
   (``cudnn.benchmark`` times candidate kernels on the first batches and may pick different ones
   in two runs, so two runs of one command would differ), cuDNN and cuBLAS use deterministic
@@ -28,54 +26,51 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
-__all__ = ["Precision", "configure_backends", "loader_options", "worker_count"]
+__all__ = ["AMP_DTYPES", "Precision", "configure_backends"]
 
-MAX_AUTO_WORKERS = 4
+AMP_DTYPES = ("auto", "bfloat16", "float16")
 
 
 @dataclass(frozen=True)
 class Precision:
-    """Mixed precision of one trial: float16 autocast + loss scaling on CUDA, nothing elsewhere.
+    """Mixed precision of one trial (module docstring): ``dtype`` ``None`` is full precision.
 
     Use :meth:`autocast` around the forward pass and the loss; :meth:`scaler` once per task (its
-    state belongs in the checkpoint). Keep similarity matrices fed to a loss in float32
-    (``sims.float()``): the loss's exponentials then run in full precision.
+    state belongs in the checkpoint; it is enabled for float16 only). Keep similarity matrices
+    fed to a loss in float32 (``sims.float()``): the loss's exponentials then run in full
+    precision.
     """
 
-    enabled: bool
+    dtype: torch.dtype | None
 
     @classmethod
-    def of(cls, amp: bool, device: torch.device) -> Precision:
-        """``train.amp`` takes effect on CUDA only."""
-        return cls(amp and device.type == "cuda")
+    def of(cls, amp: bool, device: torch.device, dtype: str = "auto") -> Precision:
+        """``train.amp`` takes effect on CUDA only; ``auto`` is bfloat16 where supported."""
+        if not amp or device.type != "cuda":
+            return cls(None)
+        if dtype == "auto":
+            dtype = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+        return cls(torch.bfloat16 if dtype == "bfloat16" else torch.float16)
+
+    @property
+    def enabled(self) -> bool:
+        return self.dtype is not None
 
     def autocast(self) -> contextlib.AbstractContextManager:
-        if not self.enabled:
+        if self.dtype is None:
             return contextlib.nullcontext()
-        return torch.autocast("cuda", dtype=torch.float16)
+        return torch.autocast("cuda", dtype=self.dtype)
+
+    @property
+    def scales_loss(self) -> bool:
+        """float16 overflows without loss scaling; bfloat16 has float32's range."""
+        return self.dtype == torch.float16
 
     def scaler(self) -> torch.amp.GradScaler:
-        return torch.amp.GradScaler("cuda", enabled=self.enabled)
-
-
-def worker_count(setting: int, device: torch.device) -> int:
-    """DataLoader workers for ``data.num_workers``: itself when >= 0; auto (-1): the trial's CPU
-    threads, at most :data:`MAX_AUTO_WORKERS`, on CUDA; 0 on CPU."""
-    if setting >= 0:
-        return setting
-    if device.type != "cuda":
-        return 0
-    return max(1, min(MAX_AUTO_WORKERS, torch.get_num_threads()))
-
-
-def loader_options(num_workers: int, device: torch.device) -> dict[str, Any]:
-    """Keyword arguments of a training ``DataLoader`` on ``device`` (module docstring)."""
-    workers = worker_count(num_workers, device)
-    return {"num_workers": workers, "pin_memory": device.type == "cuda"}
+        return torch.amp.GradScaler("cuda", enabled=self.scales_loss)
 
 
 def configure_backends(device: torch.device, deterministic: bool) -> None:

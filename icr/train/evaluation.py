@@ -1,36 +1,41 @@
 """Retrieval evaluation: functions of an encoder and the prepared data.
 
-``embed_split`` encodes a split's images and captions in evaluation order; ``evaluate_split``
-scores them with every retrieval metric the split's assets allow (R@k, rsum, ranks, R-precision,
-mAP@5, nDCG from the relevance matrix, CxC from the extended positives).
+``embed_split`` encodes a split's images and captions in evaluation order, batch by batch, from
+the inputs the task placed on its device (:class:`~icr.data.images.ImageStore` and the clean
+caption ids of :meth:`~icr.data.captions.CaptionTable.clean`); ``evaluate_split`` scores them
+with every retrieval metric the split's assets allow (R@k, rsum, ranks, R-precision, mAP@5, nDCG
+from the relevance matrix, CxC from the extended positives).
 """
 
 from __future__ import annotations
 
 import torch
 
-from icr.data.pipeline import PreparedData, encode_split_captions, image_input, pad_sequences
+from icr.data.images import ImageStore, PixelNorm, encoder_input
+from icr.data.pipeline import PreparedData
 from icr.metrics import retrieval_metrics
 from icr.models.dual_encoder import DualEncoder
 
 
 @torch.no_grad()
 def embed_split(
-    encoder: DualEncoder, data: PreparedData, split: str, *, batch_size: int, device: torch.device,
+    encoder: DualEncoder, images: ImageStore, tokens: torch.Tensor, lengths: torch.Tensor, *,
+    normalize: PixelNorm, batch_size: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Image (N_img, D) and caption (N_cap, D) embeddings of ``split``, in evaluation order."""
+    """Image (N_img, D) and caption (N_cap, D) embeddings of a split, in evaluation order.
+
+    Shapes: tokens ``(N_cap, T)`` on the encoder's device, lengths ``(N_cap,)`` on the CPU.
+    """
     was_training = encoder.training
     encoder.eval()
-    images = data.images[split]
     img = torch.cat([
-        encoder.encode_images(image_input(images, i, i + batch_size, data.pixels).to(device))
+        encoder.encode_images(encoder_input(images.rows(i, i + batch_size), normalize))
         for i in range(0, len(images), batch_size)
     ])  # (N_img, D)
-    ids = encode_split_captions(data.splits[split], data.captions)
     caps = []
-    for i in range(0, len(ids), batch_size):
-        tokens, lengths = pad_sequences(ids[i : i + batch_size])
-        caps.append(encoder.encode_captions(tokens.to(device), lengths))
+    for i in range(0, len(tokens), batch_size):
+        n = lengths[i : i + batch_size]  # (b,)
+        caps.append(encoder.encode_captions(tokens[i : i + batch_size, : int(n.max())], n))
     encoder.train(was_training)
     return img.float(), torch.cat(caps).float()  # (N_img, D), (N_cap, D)
 

@@ -8,7 +8,9 @@ The recipe (LTD paper Section 4.3, REFERENCE_NOTES section 1; :mod:`icr.train.re
 - per-epoch SWA: the weights at ``swa_snapshots`` evenly spaced steps over the last
   ``swa_fraction`` of the epoch are averaged (``torch.optim.swa_utils.AveragedModel``) and swapped
   in at the end of the epoch, then the BatchNorm statistics are recomputed (``update_bn``);
-- AMP on CUDA only (:mod:`icr.train.device`); caption augmentation and random erasing.
+- AMP on CUDA only (:mod:`icr.train.device`); caption augmentation and random erasing;
+- batches as slices of an epoch planned at once, the data on the device when it fits
+  (:mod:`icr.data.batches`); no host synchronisation inside a step (:mod:`icr.train.step_log`).
 
 Determinism: every source of randomness of an epoch is seeded from ``(train.seed, epoch)``; the
 state holds the model, the optimiser, the schedule and the objective (the multiplier), so a resumed
@@ -23,14 +25,14 @@ import dataclasses
 import functools
 import logging
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 from torch import nn
 from torch.optim.swa_utils import AveragedModel, update_bn
-from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from icr.config import ExperimentConfig, used_keys
@@ -42,18 +44,22 @@ from icr.context import (
     RetrievalInputs,
     dataset_capabilities,
 )
+from icr.data.batches import Batch, TrainingBatches
+from icr.data.captions import CaptionTable, VocabInput
 from icr.data.features import cached_backbone_features
-from icr.data.pipeline import PairDataset, PreparedData, collate_pairs, prepare_data
-from icr.data.sampler import build_batch_sampler, steps_per_epoch
-from icr.errors import ConfigError, TrainingError
+from icr.data.images import ImageStore, SplitImages, place_images
+from icr.data.pipeline import PreparedData, prepare_data
+from icr.data.sampler import steps_per_epoch
+from icr.errors import ConfigError
 from icr.losses import ContrastiveLoss, loss_from_config, warmup_from_config
 from icr.losses.contrastive import split_output
 from icr.models.build import build_decoder, build_dual_encoder
 from icr.objectives import Objective, build_objective
 from icr.seeding import derive_seed, seed_everything
-from icr.train.device import Precision, loader_options
+from icr.train.device import Precision
 from icr.train.evaluation import embed_split, evaluate_split
 from icr.train.recipe import build_optimizer, schedule_factor, swa_snapshot_steps
+from icr.train.step_log import StepLog
 from icr.train.tasks import TASKS, Prepared
 from icr.workspace import Workspace
 
@@ -86,7 +92,7 @@ class RetrievalTask:
         self.prepared = data  # as prepared (pixels), before any cached backbone features
         self.epochs = config.epochs
         images = data.images["train"]
-        region_dim = images.shape[-1] if images.dtype != torch.uint8 else None
+        region_dim = None if images.pixels else images.item_shape[-1]
         target_dim = None if data.targets is None else data.targets.shape[1]
         self.encoder = build_dual_encoder(config, len(data.vocab), data.word_vectors, region_dim)
         if cache is not None and frozen_cnn(config):
@@ -99,16 +105,13 @@ class RetrievalTask:
         self.net.to(device)
         self.loss_fn = loss_from_config(config.loss)
         self.warmup_loss_fn = warmup_from_config(config.loss)  # None: no warm-up epochs
-        self.objective: Objective = build_objective(config.objective)
+        self.objective: Objective = build_objective(config.objective).to(device)
         if self.objective.uses_reconstruction and decoder is None:
             raise ConfigError(
                 f"objective.name={config.objective.name} needs a decoder: set decoder.name=ltd or itd"
             )
-        self.dataset = PairDataset(
-            data.splits["train"], data.images["train"], data.captions, data.vocab,
-            normalize=data.pixels, max_len=config.text.max_len, random_erasing=config.image.random_erasing,
-            targets=data.targets, seed=config.train.seed,
-        )
+        self.stores, self.captions = self._place_inputs(data)
+        self.train_batches = self._training_batches(data)
         self.steps_per_epoch = self._steps_per_epoch()
         self.optimizer = self._build_optimizer()
         o = config.optim
@@ -119,7 +122,7 @@ class RetrievalTask:
             gamma=o.step_gamma,
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
-        self.precision = Precision.of(config.train.amp, device)
+        self.precision = Precision.of(config.train.amp, device, config.train.amp_dtype)
         self.scaler = self.precision.scaler()
         self.global_step = 0
         self._rows: list[dict[str, float]] = []
@@ -128,10 +131,44 @@ class RetrievalTask:
     # -- construction -----------------------------------------------------------------------
 
     def _steps_per_epoch(self) -> int:
-        t, split = self.config.train, self.data.splits["train"]
-        steps = steps_per_epoch(split.num_captions, split.num_images, t.batch_size, t.sampler,
-                                t.epoch_unit)
+        t = self.config.train
+        steps = len(self.train_batches)
         return min(steps, t.max_steps_per_epoch) if t.max_steps_per_epoch else steps
+
+    def _place_inputs(self, data: PreparedData
+                      ) -> tuple[dict[str, ImageStore], dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+        """Every split's images where the budget allows (the training split first), and every
+        evaluation split's clean caption ids on the device (lengths on the CPU)."""
+        budget = self.config.data.device_budget_gb * 2**30
+        stores = place_images(data.images, self.device, budget)
+        captions = {}
+        for split in ("val", "test"):
+            tokens, lengths = data.captions.table(data.splits[split].captions).clean()
+            captions[split] = (tokens.to(self.device), lengths)
+        return stores, captions
+
+    def _training_batches(self, data: PreparedData) -> TrainingBatches:
+        """The training split's batches, its latent targets on the device if they still fit."""
+        c, t = self.config, self.config.train
+        train = data.splits["train"]
+        targets = data.targets
+        if targets is not None:
+            used = sum(s.images.nbytes for s in self.stores.values() if s.resident)
+            fits = used + targets.nbytes <= c.data.device_budget_gb * 2**30
+            if fits:  # a copy: the cache file stays read-only
+                targets = torch.from_numpy(np.array(targets, dtype=np.float32)).to(self.device)
+        return TrainingBatches(
+            images=self.stores["train"], caption_image=train.caption_image,
+            captions=data.captions.table(train.captions), clean=self._vocab_table(data),
+            targets=targets, sampler=t.sampler, batch_size=t.batch_size, epoch_unit=t.epoch_unit,
+            seed=t.seed, unk_prob=c.text.unk_prob, delete_prob=c.text.delete_prob,
+            random_erasing=c.image.random_erasing, normalize=data.pixels, device=self.device,
+        )
+
+    def _vocab_table(self, data: PreparedData) -> CaptionTable:
+        """The training captions' vocabulary ids (what the ITD decoder reconstructs)."""
+        vocab = VocabInput(data.vocab, self.config.text.max_len, 0.0, 0.0)
+        return vocab.table(data.splits["train"].captions)
 
     def _build_optimizer(self) -> torch.optim.Optimizer:
         """One parameter group, plus one for a pretrained backbone with its own lr factor (BERT)."""
@@ -143,15 +180,18 @@ class RetrievalTask:
                 groups.append({"params": list(module.backbone_parameters()), "lr": o.lr * factor})
         special = {id(p) for g in groups for p in g["params"]}
         rest = [p for p in self.net.parameters() if id(p) not in special]
-        return build_optimizer(o.name, [{"params": rest}, *groups], o.lr, o.weight_decay)
+        return build_optimizer(o.name, [{"params": rest}, *groups], o.lr, o.weight_decay,
+                               self.device)
 
     def _use_cached_features(self, data: PreparedData, cache: Path) -> PreparedData:
         """A CNN frozen for the whole run on un-augmented images gives every epoch the same
-        features: compute them once (cached on disk) and train the heads on them (VSE++)."""
-        cnn = self.encoder.image_encoder
+        features: compute them once (cached on disk), on the training device, and train the
+        heads on them (VSE++)."""
+        cnn = self.encoder.image_encoder  # moved to the run's device to compute
         features = {
-            split: cached_backbone_features(cnn, images, data.pixels, cache / "features",
-                                            self.config.image.encoder, device=self.device)
+            split: SplitImages(cached_backbone_features(
+                cnn, images.array, data.pixels, cache / "features", self.config.image.encoder,
+                device=self.device).numpy())
             for split, images in data.images.items()
         }  # split -> (N, D)
         self.encoder.image_encoder = PrecomputedFeatures(cnn.output_dim)
@@ -163,16 +203,10 @@ class RetrievalTask:
     def in_warmup(self, epoch: int) -> bool:
         return epoch < self.config.train.warmup_epochs
 
-    def loader(self, epoch: int) -> DataLoader:
-        """The epoch's batches: pairs, or whole images with their captions (``train.sampler``)."""
-        t = self.config.train
-        self.dataset.set_epoch(epoch)
-        sampler = build_batch_sampler(t.sampler, self.data.splits["train"].caption_image,
-                                      t.batch_size, seed=derive_seed(t.seed, 2),
-                                      epoch_unit=t.epoch_unit)
-        sampler.set_epoch(epoch)
-        return DataLoader(self.dataset, batch_sampler=sampler, collate_fn=collate_pairs,
-                          **loader_options(self.config.data.num_workers, self.device))
+    def batches(self, epoch: int, steps: int | None = None) -> Iterator[Batch]:
+        """The batches of ``epoch``: pairs, or whole images with their captions
+        (``train.sampler``); at most ``steps`` of them."""
+        return self.train_batches.epoch(epoch, steps)
 
     def train_epoch(self, epoch: int, progress: bool = False) -> dict[str, float]:
         """One epoch of training, SWA swapped in at its end; returns the mean loss terms."""
@@ -184,22 +218,30 @@ class RetrievalTask:
         self.net.train()
         snapshots = swa_snapshot_steps(self.steps_per_epoch, t.swa_snapshots, t.swa_fraction)
         averaged = AveragedModel(self.net, use_buffers=False) if t.swa else None
-        sums: dict[str, float] = {}
-        batches = _take(self.loader(epoch), self.steps_per_epoch)
-        bar = tqdm(batches, total=self.steps_per_epoch, desc=f"epoch {epoch + 1}/{self.epochs}",
-                   disable=not progress, leave=False)
+        record = StepLog(epoch, "lower optim.lr or check the data")
+        bar = tqdm(self.batches(epoch, self.steps_per_epoch), total=self.steps_per_epoch,
+                   desc=f"epoch {epoch + 1}/{self.epochs}", disable=not progress, leave=False)
         for step, batch in enumerate(bar):
-            logs = self.train_step(batch, epoch, step)
-            for k, v in logs.items():
-                sums[k] = sums.get(k, 0.0) + float(v)
+            out = self.train_step(batch, epoch, step)
+            row = self.global_step if self.global_step % t.trajectory_every == 0 else None
+            record.add(out.loss, out.terms, row_step=row,
+                       extra=self._cocos(out) if row is not None else None)
             if averaged is not None and step in snapshots:
                 averaged.update_parameters(self.net)
-            if progress and step % 10 == 0:
-                bar.set_postfix({k: f"{float(v):.3f}" for k, v in logs.items()})
+            if progress and step % 25 == 0:  # reads the GPU: only with a progress bar
+                bar.set_postfix({k: f"{float(v):.3f}" for k, v in out.terms.items()})
+        means = record.means(exclude=("lambda",))  # lambda: recorded per step and per epoch
+        self._rows.extend(record.rows())
         if averaged is not None:
             self._swap_in(averaged, epoch)
-        # lambda is the objective's state, recorded per step and after the epoch, not averaged.
-        return {f"train_{k}": v / self.steps_per_epoch for k, v in sums.items() if k != "lambda"}
+        return means
+
+    def _cocos(self, out: StepOutput) -> Any:
+        """The live COCOS counts of a step, computed when its trajectory row is read."""
+        if self.cocos is None:
+            return None
+        sims, ids = out.sims.detach().float(), out.image_index
+        return lambda: self.cocos(sims, ids)
 
     def loss_for_epoch(self, epoch: int) -> ContrastiveLoss:
         """L_con of ``epoch`` (0-based): the loss's warm-up form for ``loss.warmup_epochs``
@@ -208,9 +250,10 @@ class RetrievalTask:
             return self.warmup_loss_fn
         return self.loss_fn
 
-    def train_step(self, batch: dict[str, torch.Tensor], epoch: int, step: int) -> dict[str, torch.Tensor]:
+    def train_step(self, batch: Batch, epoch: int, step: int) -> StepOutput:
+        """One optimiser step on ``batch``; nothing in it waits for the device."""
         dev = self.device
-        images = batch["images"].to(dev, non_blocking=True)  # pinned on CUDA: an async copy
+        images = batch["images"].to(dev, non_blocking=True)
         tokens, lengths = batch["tokens"].to(dev, non_blocking=True), batch["lengths"]
         image_index = batch["image_index"].to(dev, non_blocking=True)
         with self.precision.autocast():
@@ -220,13 +263,6 @@ class RetrievalTask:
             l_con, loss_logs = split_output(loss_fn(sims.float(), image_index))
             l_rec = self.net["decoder"].loss(cap, batch) if "decoder" in self.net else None
             out = self.objective(l_con, l_rec)
-        logs = {**out.logs, **loss_logs}
-        if not torch.isfinite(out.loss):
-            parts = ", ".join(f"{k}={float(v):.4g}" for k, v in logs.items())
-            raise TrainingError(
-                f"non-finite loss at epoch {epoch + 1}, step {step + 1} ({parts}); "
-                "lower optim.lr or check the data"
-            )
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(out.loss).backward()
         if self.config.optim.grad_clip > 0:
@@ -237,13 +273,7 @@ class RetrievalTask:
         self.scheduler.step()
         self.objective.step()
         self.global_step += 1
-        if self.global_step % self.config.train.trajectory_every == 0:
-            row = {"step": self.global_step, "epoch": epoch + 1}
-            row |= {k: float(v) for k, v in logs.items()}
-            if self.cocos is not None:  # how many samples this batch's gradient came from
-                row |= self.cocos(sims.detach().float(), image_index)
-            self._rows.append(row)
-        return logs
+        return StepOutput(out.loss.detach(), {**out.logs, **loss_logs}, sims.detach(), image_index)
 
     def take_trajectory(self) -> list[dict[str, float]]:
         rows, self._rows = self._rows, []
@@ -259,7 +289,7 @@ class RetrievalTask:
         frozen = [m for m in self.net.modules()
                   if isinstance(m, nn.modules.batchnorm._BatchNorm) and not m.training]
         saved = [copy.deepcopy(m.state_dict()) for m in frozen]
-        batches = _take(self.loader(epoch), self.config.train.swa_bn_batches)
+        batches = self.batches(epoch, self.config.train.swa_bn_batches)
         update_bn(((b,) for b in batches), _BatchForward(self.encoder, self.device))
         for module, state in zip(frozen, saved, strict=True):
             module.load_state_dict(state)
@@ -267,9 +297,13 @@ class RetrievalTask:
     # -- evaluation -------------------------------------------------------------------------
 
     def embed_split(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """Image (N_img, D) and caption (N_cap, D) embeddings of an evaluation split."""
-        return embed_split(self.encoder, self.data, split, batch_size=self.config.eval.batch_size,
-                           device=self.device)
+        """Image (N_img, D) and caption (N_cap, D) embeddings of a split."""
+        if split in self.captions:
+            tokens, lengths = self.captions[split]
+        else:  # the training split (probes, COCOS): its clean ids, made when asked
+            tokens, lengths = self.data.captions.table(self.data.splits[split].captions).clean()
+        return embed_split(self.encoder, self.stores[split], tokens.to(self.device), lengths,
+                           normalize=self.data.pixels, batch_size=self.config.eval.batch_size)
 
     def evaluate(self, split: str) -> dict[str, float]:
         return evaluate_split(*self.embed_split(split), self.data, split)
@@ -315,6 +349,16 @@ class RetrievalTask:
 
     def load_model_state(self, state: dict[str, torch.Tensor]) -> None:
         self.net.load_state_dict(state)
+
+
+class StepOutput(NamedTuple):
+    """What a training step computed: the loss and its logged terms (0-d tensors, on the
+    device), the batch's similarities and image indices (for COCOS counts)."""
+
+    loss: torch.Tensor
+    terms: dict[str, torch.Tensor]
+    sims: torch.Tensor  # (B, B)
+    image_index: torch.Tensor  # (B,)
 
 
 class PrecomputedFeatures(nn.Module):
@@ -388,10 +432,3 @@ def live_cocos(config: ExperimentConfig) -> Any:
     counter = build_counter(name, **options)
     return lambda sims, ids: {f"cocos_{k}": v for k, v in counter(sims, ids).items()
                               if not math.isnan(v)}
-
-
-def _take(iterable: Iterable, n: int) -> Iterator:
-    for i, item in enumerate(iterable):
-        if i >= n:
-            return
-        yield item

@@ -1,0 +1,250 @@
+"""Training batches: index tensors into data that sits where the model is.
+
+An epoch is planned at once (:meth:`TrainingBatches.epoch`): the sampler's caption order and
+batch bounds (:mod:`icr.data.sampler`), every caption's augmented ids
+(:meth:`~icr.data.captions.CaptionTable.augmented`) and the random-erasing boxes of pixel
+images, all drawn from generators seeded by ``(seed, epoch)`` and moved to the training device
+in one copy each. A step is then slices of that plan and one gather of each input
+(:class:`~icr.data.images.ImageStore`, the latent targets): no per-pair Python, no collate.
+The batches of an epoch are a function of ``(seed, epoch)`` alone, so a run resumed at an epoch
+boundary sees the data an uninterrupted one sees, and the CPU and a GPU draw the same captions.
+
+Inputs that do not fit the trial's device budget stay in host memory (memory-mapped files): on
+CUDA a thread gathers the coming batches' rows into pinned memory and copies them on a side
+stream while the current step runs (:class:`_Prefetch`); on the CPU they are gathered in place.
+
+A batch is a dict: ``images`` ``(B, ...)`` (the encoder's input), ``image_index`` ``(B,)`` (the
+dataset index of each pair's image), ``tokens`` ``(B, T)`` and ``lengths`` ``(B,)`` (augmented
+caption ids; lengths on the CPU, where packed RNNs read them), ``clean_tokens`` and
+``clean_lengths`` (the vocabulary ids the ITD decoder reconstructs), and ``targets``
+``(B, D_target)`` when latent targets are given.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from icr.data.captions import CaptionTable
+from icr.data.images import ImageStore, PixelNorm, encoder_input, erase, erasing_boxes
+from icr.data.sampler import build_batch_sampler
+from icr.seeding import derive_seed
+
+__all__ = ["Batch", "TrainingBatches"]
+
+Batch = dict[str, Tensor]
+_STREAM = 4  # derive_seed stream of augmentation (3: batch sampling, see icr.data.sampler)
+PREFETCH_DEPTH = 3  # host batches gathered ahead of the step that reads them
+
+
+@dataclass(frozen=True)
+class _Epoch:
+    """One epoch's plan: on the device unless said otherwise."""
+
+    bounds: np.ndarray  # (steps + 1,) CPU
+    captions: Tensor  # (n,) caption indices in batch order
+    captions_cpu: Tensor  # (n,) CPU copy, for host arrays and the lengths
+    images: Tensor  # (n,) the image of each
+    images_cpu: Tensor  # (n,) CPU copy, for host stores
+    tokens: Tensor  # (n, T) augmented ids
+    lengths: Tensor  # (n,) CPU
+    erasing: Tensor | None  # (n, 4) random-erasing boxes of pixel images
+
+
+class TrainingBatches:
+    """The training split's batches, epoch by epoch (module docstring).
+
+    Args:
+        images: the training split's image store.
+        caption_image: ``(C,)`` the image of each training caption.
+        captions: what the caption encoder reads, per caption.
+        clean: the captions' vocabulary ids (what the ITD decoder reconstructs).
+        targets: ``(C, D_target)`` latent targets, resident on the device or a host array.
+        sampler, batch_size, epoch_unit: :func:`~icr.data.sampler.build_batch_sampler`.
+        seed: the run's seed; augmentation and order are functions of ``(seed, epoch)``.
+        unk_prob, delete_prob: word dropout (:meth:`CaptionTable.augmented`).
+        random_erasing: probability of erasing a box of a pixel image.
+        normalize: the image encoder's pixel normalisation.
+        device: the training device.
+        prefetch: gather host rows in a thread (default: on CUDA when a store is on the host).
+    """
+
+    def __init__(
+        self, *, images: ImageStore, caption_image: np.ndarray, captions: CaptionTable,
+        clean: CaptionTable, targets: Tensor | np.ndarray | None, sampler: str,
+        batch_size: int, epoch_unit: str, seed: int, unk_prob: float, delete_prob: float,
+        random_erasing: float, normalize: PixelNorm, device: torch.device,
+        prefetch: bool | None = None,
+    ) -> None:
+        self.store, self.device, self.seed = images, device, seed
+        self.captions, self.unk_prob, self.delete_prob = captions, unk_prob, delete_prob
+        self.sampler = build_batch_sampler(sampler, caption_image, batch_size,
+                                           seed=derive_seed(seed, 2), epoch_unit=epoch_unit)
+        self.caption_image = torch.as_tensor(np.asarray(caption_image, dtype=np.int64))
+        self.caption_image_device = self.caption_image.to(device)
+        clean_tokens, self.clean_lengths = clean.clean()  # (C, T), (C,) CPU
+        self.clean_tokens = clean_tokens.to(device)
+        self.targets = targets
+        self.erasing = random_erasing if images.images.pixels else 0.0
+        self.normalize = normalize
+        host_targets = isinstance(targets, np.ndarray)
+        self.prefetch = (device.type == "cuda" and (not images.resident or host_targets)
+                         if prefetch is None else prefetch)
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def _plan(self, epoch: int) -> _Epoch:
+        self.sampler.set_epoch(epoch)
+        order, bounds = self.sampler.plan()  # (n,), (steps + 1,)
+        captions = torch.from_numpy(order)  # (n,)
+        generator = torch.Generator().manual_seed(derive_seed(self.seed, epoch, _STREAM))
+        table = self.captions.rows(captions)
+        tokens, lengths = table.augmented(generator, self.unk_prob, self.delete_prob)  # (n, T)
+        erasing = None
+        if self.erasing > 0:
+            height, width = self.store.images.item_shape[-2:]
+            erasing = erasing_boxes(len(order), height, width, self.erasing, generator)
+        to = self._to_device
+        images_cpu = self.caption_image[captions]  # (n,)
+        return _Epoch(bounds, to(captions), captions, to(images_cpu), images_cpu, to(tokens),
+                      lengths, None if erasing is None else to(erasing))
+
+    def _to_device(self, x: Tensor) -> Tensor:
+        if self.device.type == "cuda":
+            return x.pin_memory().to(self.device, non_blocking=True)
+        return x.to(self.device)
+
+    def epoch(self, epoch: int, steps: int | None = None) -> Iterator[Batch]:
+        """The batches of ``epoch`` (0-based), at most ``steps`` of them."""
+        plan = self._plan(epoch)
+        steps = len(plan.bounds) - 1 if steps is None else min(steps, len(plan.bounds) - 1)
+        host = self._host_rows(plan)
+        if self.prefetch and host is not None:
+            with _Prefetch(host, steps, self.device) as fetched:
+                for step in range(steps):
+                    yield self._batch(plan, step, fetched.next())
+        else:
+            for step in range(steps):
+                yield self._batch(plan, step, host(step) if host is not None else {})
+
+    def _host_rows(self, plan: _Epoch) -> Callable[[int], Batch] | None:
+        """The rows a step reads from host memory, or ``None`` when everything is resident."""
+        host_images = not self.store.resident
+        host_targets = isinstance(self.targets, np.ndarray)
+        if not (host_images or host_targets):
+            return None
+
+        def rows(step: int) -> Batch:
+            start, stop = plan.bounds[step], plan.bounds[step + 1]
+            out = {}
+            if host_images:
+                out["images"] = self.store.take(plan.images_cpu[start:stop])
+            if host_targets:
+                index = plan.captions_cpu[start:stop].numpy()
+                out["targets"] = torch.from_numpy(np.ascontiguousarray(self.targets[index]))
+            return out
+
+        return rows
+
+    def _batch(self, plan: _Epoch, step: int, host: Batch) -> Batch:
+        start, stop = int(plan.bounds[step]), int(plan.bounds[step + 1])
+        captions = plan.captions[start:stop]  # (B,)
+        image_index = plan.images[start:stop]  # (B,)
+        lengths = plan.lengths[start:stop]  # (B,) CPU
+        images = host.get("images")
+        if images is None:
+            images = self.store.take(image_index)
+        images = encoder_input(images.to(self.device, non_blocking=True), self.normalize)
+        if plan.erasing is not None:
+            images = erase(images, plan.erasing[start:stop])
+        clean_lengths = self.clean_lengths.index_select(0, plan.captions_cpu[start:stop])
+        batch = {
+            "images": images,  # (B, ...)
+            "image_index": image_index,
+            "tokens": plan.tokens[start:stop, : int(lengths.max())],  # (B, T)
+            "lengths": lengths,
+            "clean_tokens": self.clean_tokens.index_select(0, captions)[:, : int(
+                clean_lengths.max())],  # (B, T')
+            "clean_lengths": clean_lengths,
+        }
+        if "targets" in host:
+            batch["targets"] = host["targets"].to(self.device, non_blocking=True)
+        elif self.targets is not None:
+            batch["targets"] = self.targets.index_select(0, captions)  # (B, D_target)
+        return batch
+
+
+class _Prefetch:
+    """Host rows of the coming steps, gathered by a thread ahead of the step that reads them.
+
+    On CUDA the thread pins each gathered tensor and copies it to the device on its own stream;
+    the reader's stream waits for that copy (an event) and takes ownership of the memory
+    (``record_stream``), so the gather and the copy overlap the steps before. On the CPU the
+    thread only gathers (what a test runs). An exception in the thread is raised in the reader.
+    """
+
+    def __init__(self, rows: Callable[[int], Batch], steps: int, device: torch.device) -> None:
+        self.rows, self.steps, self.device = rows, steps, device
+        self.cuda = device.type == "cuda"
+        self.stream = torch.cuda.Stream(device) if self.cuda else None
+        self.queue: queue.Queue = queue.Queue(maxsize=PREFETCH_DEPTH)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._work, name="icr-prefetch", daemon=True)
+
+    def __enter__(self) -> _Prefetch:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        while self.thread.is_alive():  # unblock a thread waiting on a full queue
+            try:
+                self.queue.get_nowait()
+            except queue.Empty:
+                self.thread.join(timeout=0.05)
+
+    def _work(self) -> None:
+        try:
+            for step in range(self.steps):
+                if self.stop.is_set():
+                    return
+                self._put(self._fetch(step))
+        except BaseException as exc:  # handed to the reader, which raises it
+            self._put(exc)
+
+    def _put(self, item: object) -> None:
+        while not self.stop.is_set():
+            try:
+                self.queue.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def _fetch(self, step: int) -> tuple[Batch, object]:
+        rows = self.rows(step)
+        if not self.cuda:
+            return rows, None
+        with torch.cuda.stream(self.stream):
+            moved = {k: v.pin_memory().to(self.device, non_blocking=True) for k, v in rows.items()}
+            event = torch.cuda.Event()
+            event.record(self.stream)
+        return moved, event
+
+    def next(self) -> Batch:
+        item = self.queue.get()
+        if isinstance(item, BaseException):
+            raise item
+        rows, event = item
+        if event is not None:
+            current = torch.cuda.current_stream(self.device)
+            current.wait_event(event)
+            for tensor in rows.values():
+                tensor.record_stream(current)
+        return rows
