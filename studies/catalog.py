@@ -73,6 +73,9 @@ class Recipe:
         notes: what the paper leaves open, with the choice made.
         analyses: the analyses its confirmation runs end with (``None``: the study's); real
             data lacks what some need (e.g. the benchmark's ground-truth scenes).
+        reference_data: the datasets its paper trained on, names of
+            :data:`studies.estimate.REFERENCE_DATASETS`: ``--plan`` counts an epoch's steps
+            from their sizes when the files are absent.
     """
 
     name: str
@@ -88,6 +91,7 @@ class Recipe:
     requires: Mapping[str, str] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     analyses: tuple[str, ...] | None = None
+    reference_data: tuple[str, ...] = ("coco", "f30k")
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
 Per condition: the search trials (a grid's points, else the budget), the confirmation runs, the
 epochs of a trial, the optimiser steps of an epoch (from the dataset's training split, read when
-its files are present), and the local files the configuration needs (present or not). With
+its files are present, else from the sizes of the datasets the paper trained on,
+:data:`REFERENCE_DATASETS`), and the local files the configuration needs (present or not). With
 ``--calibrate N`` each condition trains ``N`` steps of its first epoch and of its first fine-tune
 epoch on the device at hand and evaluates once on validation; from those times the study's wall
 time and its device-hours follow:
@@ -34,6 +35,16 @@ from icr.config import ExperimentConfig, from_flat, key_specs, to_flat, used_key
 from icr.data.sampler import steps_per_epoch
 from studies.plan import StudyPlan
 from studies.space import grid_size
+
+
+# The papers' training splits (captions, images), for --plan when the files are absent: COCO
+# and Flickr30K in Karpathy's splits (COCO's train with restval), Flickr30K Entities' train list
+# (29,783 images, 5 captions each). Sizes as the papers and the splits' files give them.
+REFERENCE_DATASETS: dict[str, tuple[str, int, int]] = {
+    "coco": ("COCO (Karpathy train + restval)", 566_435, 113_287),
+    "f30k": ("Flickr30K (Karpathy train)", 145_000, 29_000),
+    "f30k_entities": ("Flickr30K Entities (train)", 148_915, 29_783),
+}
 
 
 def asha_expected_epochs(max_t: int, grace_period: int, reduction_factor: float) -> float:
@@ -74,6 +85,8 @@ class ConditionCost:
     needs: tuple[Need, ...]
     step_s: dict[str, float] | None = None  # "warmup" / "finetune": seconds per step measured
     eval_s: float | None = None  # an epoch's validation and its costs beyond its steps, measured
+    # the papers' datasets when the files are absent: (name, training captions, steps per epoch)
+    reference_steps: tuple[tuple[str, int, int], ...] = ()
 
     @property
     def trial_epochs(self) -> float:
@@ -148,16 +161,22 @@ def plan_costs(plan: StudyPlan) -> list[ConditionCost]:
         per_trial = (asha_expected_epochs(epochs, study.grace_period, study.reduction_factor)
                      if plan.early_stopping else float(epochs))
         sizes = training_split(config, plan.workspace)
-        steps = None
-        if sizes is not None:
-            t = config.train
-            steps = steps_per_epoch(sizes[0], sizes[1], t.batch_size, t.sampler, t.epoch_unit)
-            if t.max_steps_per_epoch:
-                steps = min(steps, t.max_steps_per_epoch)
+        steps = None if sizes is None else _steps(config, *sizes)
+        references = () if sizes is not None else tuple(
+            (REFERENCE_DATASETS[name][0], REFERENCE_DATASETS[name][1],
+             _steps(config, *REFERENCE_DATASETS[name][1:]))
+            for name in (plan.recipe.reference_data if plan.recipe else ()))
         out.append(ConditionCost(
             condition.name, trials, per_trial, len(plan.seeds), epochs,
-            config.train.warmup_epochs, steps, None if sizes is None else sizes[0], needs(config)))
+            config.train.warmup_epochs, steps, None if sizes is None else sizes[0], needs(config),
+            reference_steps=references))
     return out
+
+
+def _steps(config: ExperimentConfig, captions: int, images: int) -> int:
+    t = config.train
+    steps = steps_per_epoch(captions, images, t.batch_size, t.sampler, t.epoch_unit)
+    return min(steps, t.max_steps_per_epoch) if t.max_steps_per_epoch else steps
 
 
 def calibrate(plan: StudyPlan, costs: list[ConditionCost], steps: int,
@@ -252,8 +271,13 @@ def describe(plan: StudyPlan, costs: list[ConditionCost], gpus: int | None = Non
     for condition, cost in zip(plan.conditions, costs, strict=True):
         flat = to_flat(condition.config)
         changed = {k: flat[k] for k in used_keys(condition.config) if flat[k] != default[k]}
-        steps = ("? steps/epoch (dataset not present)" if cost.steps_per_epoch is None
-                 else f"{cost.steps_per_epoch} steps/epoch ({cost.train_captions} training captions)")
+        if cost.steps_per_epoch is not None:
+            steps = f"{cost.steps_per_epoch:,} steps/epoch ({cost.train_captions:,} training captions)"
+        elif cost.reference_steps:
+            steps = "; ".join(f"{n:,} steps/epoch on {name} ({c:,} training captions)"
+                              for name, c, n in cost.reference_steps) + " (files absent)"
+        else:
+            steps = "? steps/epoch (dataset not present)"
         search = (f"{cost.search_trials} search trial(s) x {cost.epochs_per_search_trial:.1f} "
                   f"expected epochs + " if cost.search_trials else "nothing searched; ")
         yield (f"{condition.name}: {search}{cost.confirm_runs} confirmation run(s) x {cost.epochs} "

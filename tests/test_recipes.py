@@ -243,6 +243,20 @@ def test_the_plan_of_the_paper_recipe_names_its_trials_and_files(files, tmp_path
     assert not (tmp_path / "ws" / "mlflow.db").exists()  # --plan runs nothing
 
 
+def test_the_plan_counts_steps_on_the_papers_datasets_when_the_files_are_absent(tmp_path, capsys):
+    """COCO's Karpathy train with restval (566,435 captions) and Flickr30K's (145,000) at the
+    recipe's batch of 128; Flickr30K Entities' train (148,915) for grounding at 50."""
+    assert main(["ltd_bound", "--recipe", "paper", "--plan", "--workspace", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "4,425 steps/epoch on COCO (Karpathy train + restval) (566,435 training captions)" in out
+    assert "1,132 steps/epoch on Flickr30K (Karpathy train) (145,000 training captions)" in out
+    assert "? steps/epoch" not in out
+    assert main(["grounding_negatives", "--recipe", "paper", "--plan", "--workspace",
+                 str(tmp_path)]) == 0
+    assert "2,978 steps/epoch on Flickr30K Entities (train) (148,915 training captions)" in (
+        capsys.readouterr().out)
+
+
 def test_plan_calibrate_times_steps_and_estimates(workspace, capsys):
     """A tiny study's plan with two timed steps per phase gives a positive estimate."""
     args = ["ltd_bound", "--smoke", "--plan", "--calibrate", "2", "--workspace",

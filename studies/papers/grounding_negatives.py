@@ -78,6 +78,7 @@ PAPER = Recipe(
         "eval.test": False,
     },
     space_file="paper/fixed.yaml", seeds=3, early_stopping=False, datasets=("precomp",),
+    reference_data=("f30k_entities",),
     requires={"data.precomp_dir": "BUTD regions and boxes of Flickr30K Entities' images",
               "data.entities_dir": "the Flickr30K Entities folder (Sentences/, Annotations/)",
               "grounding.word_model": "bert-base-uncased, frozen (the word features)",
