@@ -36,7 +36,6 @@ from icr.data.sampler import steps_per_epoch
 from studies.plan import StudyPlan
 from studies.space import grid_size
 
-
 # The papers' training splits (captions, images), for --plan when the files are absent: COCO
 # and Flickr30K in Karpathy's splits (COCO's train with restval), Flickr30K Entities' train list
 # (29,783 images, 5 captions each). Sizes as the papers and the splits' files give them.
@@ -185,12 +184,14 @@ def calibrate(plan: StudyPlan, costs: list[ConditionCost], steps: int,
     its first epoch and its first fine-tune epoch, and one validation pass, on the device at hand.
 
     Each timed phase is an epoch cut to ``steps`` steps (``train.max_steps_per_epoch``), run once
-    untimed first (lazy initialisation, caches). A step's time is the median of its steps (robust
-    to a busy machine); what the epoch costs beyond its steps (the loader, SWA's swap and
-    BatchNorm refresh) is counted once per epoch.
+    untimed first (lazy initialisation, caches). A step's time is the median of its steps, each
+    timed to the device's end of it (:func:`icr.train.timing.time_epoch`; robust to a busy
+    machine); what the epoch costs beyond its steps (its plan, SWA's swap and BatchNorm
+    refresh) is counted once per epoch.
     """
     from icr.train.loop import configure_backends, resolve_device
     from icr.train.tasks import build_task
+    from icr.train.timing import time_epoch
 
     out = []
     for cost in costs:
@@ -205,35 +206,15 @@ def calibrate(plan: StudyPlan, costs: list[ConditionCost], steps: int,
             phases["finetune"] = config.train.warmup_epochs
         step_s, fixed_s = {}, []
         for phase, epoch in phases.items():
-            task.train_epoch(epoch)
-            times = _timed_steps(task)
-            start = time.perf_counter()
-            task.train_epoch(epoch)
-            epoch_s = time.perf_counter() - start
-            del task.train_step  # the class's own again
-            step_s[phase] = statistics.median(times)
-            fixed_s.append(max(0.0, epoch_s - sum(times)))
+            task.train_epoch(epoch)  # untimed: lazy initialisation, caches
+            timing = time_epoch(task, epoch, device)
+            step_s[phase] = statistics.median(timing.step_seconds)
+            fixed_s.append(timing.other_seconds)
         start = time.perf_counter()
         task.evaluate("val")
         eval_s = time.perf_counter() - start
         out.append(replace(cost, step_s=step_s, eval_s=eval_s + statistics.median(fixed_s)))
     return out
-
-
-def _timed_steps(task: Any) -> list[float]:
-    """Wrap the task's ``train_step`` so that each call's wall time is appended to the list
-    returned (the wrapper is an instance attribute: ``del task.train_step`` removes it)."""
-    times: list[float] = []
-    step = task.train_step
-
-    def timed(*args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
-        out = step(*args, **kwargs)
-        times.append(time.perf_counter() - start)
-        return out
-
-    task.train_step = timed
-    return times
 
 
 def trials_at_once(plan: StudyPlan, gpus: int | None = None) -> tuple[int, str]:

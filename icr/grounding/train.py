@@ -63,6 +63,7 @@ from icr.train.device import Precision
 from icr.train.recipe import build_optimizer
 from icr.train.step_log import StepLog
 from icr.train.tasks import TASKS, Prepared
+from icr.train.timing import StepTimer
 
 logger = logging.getLogger(__name__)
 
@@ -287,8 +288,10 @@ class GroundingTask:
                 lang.logits, batch["candidate_mask"][:, 0], batch["candidate_mask"])
         return out
 
-    def train_epoch(self, epoch: int, progress: bool = False) -> dict[str, float]:
-        """One epoch over the training captions in a seeded order; the mean loss terms."""
+    def train_epoch(self, epoch: int, progress: bool = False, timer: StepTimer | None = None
+                    ) -> dict[str, float]:
+        """One epoch over the training captions in a seeded order; the mean loss terms. A
+        ``timer`` is told each step's end (:mod:`icr.train.timing`)."""
         self.model.train()
         generator = torch.Generator().manual_seed(derive_seed(self.seed, epoch))
         order = torch.randperm(self.data.splits["train"].num_captions, generator=generator)
@@ -301,6 +304,8 @@ class GroundingTask:
             terms = self.train_step(self._batch("train", index), epoch, step)
             row = self.global_step if self.global_step % self.trajectory_every == 0 else None
             record.add(terms["loss"], terms, row_step=row)
+            if timer is not None:
+                timer.step()
         means = record.means()
         self._rows.extend(record.rows())
         return means

@@ -61,6 +61,7 @@ from icr.train.evaluation import embed_split, evaluate_split
 from icr.train.recipe import build_optimizer, schedule_factor, swa_snapshot_steps
 from icr.train.step_log import StepLog
 from icr.train.tasks import TASKS, Prepared
+from icr.train.timing import StepTimer
 from icr.workspace import Workspace
 
 log = logging.getLogger(__name__)
@@ -208,8 +209,10 @@ class RetrievalTask:
         (``train.sampler``); at most ``steps`` of them."""
         return self.train_batches.epoch(epoch, steps)
 
-    def train_epoch(self, epoch: int, progress: bool = False) -> dict[str, float]:
-        """One epoch of training, SWA swapped in at its end; returns the mean loss terms."""
+    def train_epoch(self, epoch: int, progress: bool = False, timer: StepTimer | None = None
+                    ) -> dict[str, float]:
+        """One epoch of training, SWA swapped in at its end; returns the mean loss terms. A
+        ``timer`` is told each step's end (:mod:`icr.train.timing`)."""
         t = self.config.train
         torch.manual_seed(derive_seed(t.seed, epoch, 1))
         self.encoder.set_backbone_trainable(not self.in_warmup(epoch))
@@ -226,6 +229,8 @@ class RetrievalTask:
             row = self.global_step if self.global_step % t.trajectory_every == 0 else None
             record.add(out.loss, out.terms, row_step=row,
                        extra=self._cocos(out) if row is not None else None)
+            if timer is not None:
+                timer.step()
             if averaged is not None and step in snapshots:
                 averaged.update_parameters(self.net)
             if progress and step % 25 == 0:  # reads the GPU: only with a progress bar

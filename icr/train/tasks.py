@@ -38,8 +38,10 @@ class Task(Protocol):
     selection_metric: str
     data: Any
 
-    def train_epoch(self, epoch: int, progress: bool = False) -> dict[str, float]:
-        """Train epoch ``epoch`` (0-based); return the means of its loss terms (``train_*``)."""
+    def train_epoch(self, epoch: int, progress: bool = False, timer: Any = None
+                    ) -> dict[str, float]:
+        """Train epoch ``epoch`` (0-based); return the means of its loss terms (``train_*``).
+        ``timer`` (a :class:`~icr.train.timing.StepTimer`) is told each step's end."""
 
     def take_trajectory(self) -> list[dict[str, float]]:
         """The per-step rows recorded since the last call (and forget them)."""
