@@ -208,6 +208,35 @@ def test_data_path_prints_one_line_per_architecture(capsys, workspace, monkeypat
                                                 abs=1e-4)
 
 
+def test_paper_scale_writes_a_precomputed_folder_the_loader_reads(tmp_path):
+    """COCO's shapes and formats at a small count: 36 x 2048 float32 regions, 5 captions an
+    image, ids; validation and test a twentieth of the training images (at least 10)."""
+    from icr.data.precomp import load_precomp
+
+    load("paper_scale").write_folder(tmp_path, images=240)
+    train, val = load_precomp(tmp_path, "train"), load_precomp(tmp_path, "val")
+    assert train.features.shape == (240, 36, 2048) and train.features.dtype == np.float32
+    assert isinstance(train.features, np.memmap)
+    assert train.images.num_captions == 1200 and val.images.num_images == 12
+    words = [len(c.split()) for c in train.images.captions]
+    assert 9.5 < np.mean(words) < 11.5  # COCO's 10.5
+
+
+@pytest.mark.slow
+def test_paper_scale_runs_trials_at_once_and_reports_memory_and_start(tmp_path, capsys):
+    """Two trials at once of a small model on a small folder: the printed row's figures."""
+    load("paper_scale").main([
+        "--folder", str(tmp_path), "--write", "--images", "60", "--trials", "2", "--steps", "2",
+        "--set", "model.embed_dim=16", "text.hidden_dim=16", "image.hidden_dim=16",
+        "image.output_dim=16", "text.word_dim=8", "train.batch_size=16"])
+    out = capsys.readouterr().out
+    row = re.search(r"2 trial\(s\) at once: start ([\d.]+) s \(slowest\), private memory "
+                    r"([\d.]+) GB each at most, ([\d.]+) GB together", out)
+    assert row, out
+    assert float(row[1]) > 0 and 0 < float(row[2]) <= float(row[3])
+    assert "training features resident on cpu" in out
+
+
 def test_plan_estimate_compares_the_calibrated_estimate_with_a_measured_time(capsys, workspace):
     """The estimate of ltd_bound --smoke from one timed step per phase, against a given time."""
     load("plan_estimate").main(["--steps", "1", "--measured", "60", "--workspace",

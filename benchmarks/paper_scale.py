@@ -1,0 +1,195 @@
+"""A trial at the papers' data scale: how long it takes to start, what memory it holds, how fast it
+steps, alone and with 2 or 4 trials at once on one machine.
+
+    python benchmarks/paper_scale.py --folder /data/coco-scale --write        # COCO's size
+    python benchmarks/paper_scale.py --folder /data/coco-scale --trials 1 2 4 --steps 20
+    python benchmarks/paper_scale.py --folder /tmp/scale --write --images 2000 --trials 1
+
+``--write`` makes a SCAN/BUTD precomputed folder shaped like COCO's (random values; the real
+shapes and formats, :mod:`icr.data.precomp`): ``{train,val,test}_ims.npy`` of ``(N, 36, 2048)``
+float32 written chunk by chunk through a memory map (never whole in memory), the caption files
+(5 captions an image, COCO's mean of 10.5 words from a 1,000-word vocabulary) and the ids files.
+``--images`` training images (default and at most 113,287: COCO's Karpathy train with restval),
+5,000 each for validation and test (fewer when ``--images`` is small). At full size the folder
+takes 36 GB.
+
+Then, for each K of ``--trials``, K trial processes start at once, each building the trial's
+task exactly as a trial does (the paper recipe of ``--recipe``, its data prepared beforehand
+as the platform's driver does, here by this script) and training ``--steps`` steps on
+``--device``. Each reports, and the script prints per K:
+
+- start: seconds from its process's start to its first step (imports, data, model);
+- private memory (USS, psutil: the pages only that process holds; the memory-mapped features
+  are the page cache's, shared by every trial, and not counted) and resident set (RSS: with the
+  pages of the map it touched), at its end;
+- steps/s over its steps after the first.
+
+The issue's targets at full COCO size: a trial starts in at most 60 s and holds at most 4 GB of
+private memory; 4 trials at most 10 GB together.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+COCO_TRAIN = 113_287  # Karpathy train + restval
+EVAL_IMAGES = 5_000
+REGIONS, DIM = 36, 2048  # BUTD's precomputed features
+WORDS, CAPTION_WORDS = 1_000, 10.5  # COCO: about 10.5 words a caption
+
+
+def write_folder(folder: Path, images: int, seed: int = 0, chunk: int = 2_000) -> None:
+    """The COCO-shaped precomputed folder of the module docstring."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    vocabulary = [f"w{i}" for i in range(WORDS)]
+    evaluation = min(EVAL_IMAGES, max(images // 20, 10))
+    for split, n in (("train", images), ("val", evaluation), ("test", evaluation)):
+        features = np.lib.format.open_memmap(folder / f"{split}_ims.npy", mode="w+",
+                                             dtype=np.float32, shape=(n, REGIONS, DIM))
+        for start in range(0, n, chunk):
+            stop = min(start + chunk, n)
+            # BUTD features are non-negative (pooled ReLU outputs), mostly small
+            features[start:stop] = rng.exponential(0.5, (stop - start, REGIONS, DIM))
+        features.flush()
+        del features
+        lengths = rng.poisson(CAPTION_WORDS - 1, 5 * n) + 1
+        with (folder / f"{split}_caps.txt").open("w", encoding="utf-8") as f:
+            for length in lengths:
+                f.write(" ".join(rng.choice(vocabulary, length)) + "\n")
+        (folder / f"{split}_ids.txt").write_text(
+            "".join(f"{split}_{i:06d}.jpg\n" for i in range(n)), encoding="utf-8")
+        print(f"wrote {split}: {n:,} images, {5 * n:,} captions", flush=True)
+
+
+def trial_config(recipe: str, folder: Path, device: str, steps: int,
+                 extra: Sequence[str] = ()) -> dict:
+    """The flat config of a trial of ``study:condition``'s paper recipe on ``folder``, as
+    ``--debug`` would train it (searched keys at their midpoints); ``extra``: ``KEY=VALUE``
+    overrides (a test's small model)."""
+    from icr.config import to_flat
+    from studies.catalog import get_study
+    from studies.plan import Options, StudyPlan
+
+    study, condition = recipe.split(":")
+    from icr.config import parse_overrides
+
+    overrides = {"data.precomp_dir": str(folder), "data.relevance": "none", "eval.test": "false",
+                 "train.device": device, "train.max_steps_per_epoch": str(steps),
+                 **parse_overrides(list(extra))}
+    plan = StudyPlan.build(get_study(study), Options(overrides=overrides, recipe="paper",
+                                                    workspace=str(folder / "workspace")))
+    return to_flat(plan.debug_config(condition))
+
+
+def child(args: argparse.Namespace) -> None:
+    """One trial: build, train ``--steps`` steps; print one JSON line."""
+    import psutil
+    import torch
+
+    from icr.config import from_flat
+    from icr.train.tasks import build_task
+    from icr.workspace import Workspace
+
+    me = psutil.Process()
+    device = torch.device(args.device)
+    config = from_flat(trial_config(args.recipe, args.folder, args.device, args.steps, args.set))
+    task = build_task(config, Workspace(args.workspace), device)
+    task.net.train()
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    batches = task.batches(0, args.steps)
+    started = time.time() - me.create_time()
+    first = time.perf_counter()
+    for step, batch in enumerate(batches):
+        task.train_step(batch, 0, step)
+        sync()
+        if step == 0:
+            first = time.perf_counter()
+    rate = (args.steps - 1) / (time.perf_counter() - first) if args.steps > 1 else float("nan")
+    memory = me.memory_full_info()
+    print(json.dumps({"start_s": started, "uss_gb": memory.uss / 2**30,
+                      "rss_gb": memory.rss / 2**30, "steps_per_s": rate,
+                      "resident": task.stores["train"].resident}), flush=True)
+
+
+def prepare(args: argparse.Namespace) -> float:
+    """What the platform's driver does before any trial: the data prepared and cached."""
+    from icr.config import from_flat
+    from icr.train.tasks import prepare as prepare_task
+    from icr.workspace import Workspace
+
+    start = time.perf_counter()
+    config = from_flat(trial_config(args.recipe, args.folder, args.device, args.steps, args.set))
+    prepare_task(config, Workspace(args.workspace))
+    return time.perf_counter() - start
+
+
+def run_trials(args: argparse.Namespace, k: int) -> list[dict]:
+    command = [sys.executable, __file__, "--child", "--folder", str(args.folder), "--recipe",
+               args.recipe, "--device", args.device, "--steps", str(args.steps), "--workspace",
+               str(args.workspace), "--set", *args.set]
+    procs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(k)]
+    out = []
+    for proc in procs:
+        stdout, stderr = proc.communicate()
+        if proc.returncode != 0:
+            raise RuntimeError(f"a trial failed: {stderr.strip().splitlines()[-1:]}")
+        out.append(json.loads(stdout.strip().splitlines()[-1]))
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--folder", type=Path, required=True)
+    parser.add_argument("--write", action="store_true", help="write the folder first")
+    parser.add_argument("--images", type=int, default=COCO_TRAIN)
+    parser.add_argument("--trials", type=int, nargs="*", default=[1, 2, 4])
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--recipe", default="pooling_objective:max_adopt",
+                        help="study:condition whose paper recipe the trials train")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--workspace", type=Path, help="caches (default: <folder>/workspace)")
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="config overrides of the trials")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    args.workspace = args.workspace or args.folder / "workspace"
+    if args.child:
+        child(args)
+        return 0
+    if args.write:
+        if not 0 < args.images <= COCO_TRAIN:
+            parser.error(f"--images must lie in 1..{COCO_TRAIN}")
+        start = time.perf_counter()
+        write_folder(args.folder, args.images)
+        print(f"folder written in {time.perf_counter() - start:.0f} s", flush=True)
+    train = np.load(args.folder / "train_ims.npy", mmap_mode="r")
+    print(f"{args.folder}: {len(train):,} training images x {train.shape[1:]} "
+          f"({train.nbytes / 2**30:.1f} GB), recipe {args.recipe} (paper), {args.steps} steps "
+          f"on {args.device}, {os.cpu_count()} CPUs, load average "
+          f"{os.getloadavg()[0]:.1f}", flush=True)
+    print(f"prepared the data (the driver's part) in {prepare(args):.1f} s", flush=True)
+    for k in args.trials:
+        rows = run_trials(args, k)
+        uss = [r["uss_gb"] for r in rows]
+        print(f"{k} trial(s) at once: start {max(r['start_s'] for r in rows):.1f} s (slowest), "
+              f"private memory {max(uss):.2f} GB each at most, {sum(uss):.2f} GB together, "
+              f"RSS {max(r['rss_gb'] for r in rows):.2f} GB, "
+              f"{np.mean([r['steps_per_s'] for r in rows]):.2f} steps/s each, training features "
+              f"{'resident on ' + args.device if rows[0]['resident'] else 'read per batch'}",
+              flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
