@@ -106,10 +106,10 @@ def child(args: argparse.Namespace) -> None:
     task = build_task(config, Workspace(args.workspace), device)
     task.net.train()
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    batches = task.batches(0, args.steps)
-    started = time.time() - me.create_time()
-    first = time.perf_counter()
-    for step, batch in enumerate(batches):
+    started, first = None, time.perf_counter()
+    for step, batch in enumerate(task.batches(0, args.steps)):
+        if step == 0:  # its inputs are ready (the epoch's plan made)
+            started = time.time() - me.create_time()
         task.train_step(batch, 0, step)
         sync()
         if step == 0:

@@ -322,3 +322,26 @@ def test_a_prefetch_thread_stops_with_an_epoch_left_early_and_hands_on_errors():
     broken.store.take = fail
     with pytest.raises(OSError, match="disk gone"):
         next(broken.epoch(0))
+
+
+def test_caption_tables_are_cached_once_and_read_back_memory_mapped(tmp_path, vocab_input,
+                                                                    wordpiece_input):
+    from icr.data.pipeline import cached_table
+    from icr.data.types import CaptionedImages
+
+    split = CaptionedImages("train", ("a.jpg",), tuple(CAPTIONS), tuple(range(len(CAPTIONS))),
+                            np.zeros(len(CAPTIONS), dtype=np.int64))
+    for source in (vocab_input, wordpiece_input):
+        fresh = source.table(CAPTIONS)
+        first = cached_table(source, split, tmp_path)
+        files = sorted((tmp_path / "captions").iterdir())
+        again = cached_table(source, split, tmp_path)
+        assert sorted((tmp_path / "captions").iterdir()) == files  # read, not written again
+        for table in (first, again):
+            assert torch.equal(table.pieces, fresh.pieces)
+            assert torch.equal(table.piece_word, fresh.piece_word)
+            assert torch.equal(table.num_words, fresh.num_words)
+            assert (table.begin, table.end, table.unk, table.max_pieces) == (
+                fresh.begin, fresh.end, fresh.unk, fresh.max_pieces)
+            assert torch.equal(table.clean()[0], fresh.clean()[0])
+    assert len(files) == 2  # one file per input kind

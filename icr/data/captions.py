@@ -20,8 +20,11 @@ tested against.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import random
+import warnings
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -41,8 +44,15 @@ class CaptionInput(Protocol):
     def augmented(self, caption: str, rng: random.Random) -> torch.Tensor:
         """Training ids after word dropout, drawn from ``rng`` only."""
 
+    @property
+    def markers(self) -> tuple[int, int, int, int]:
+        """``(begin, end, unk, max_pieces)`` of its tables."""
+
     def table(self, captions: list[str] | tuple[str, ...]) -> CaptionTable:
         """Every caption tokenised once, for clean and augmented ids of a whole split."""
+
+    def key(self) -> str:
+        """What the ids depend on besides the captions (for a cache of its tables)."""
 
 
 @dataclass(frozen=True)
@@ -107,6 +117,25 @@ class CaptionTable:
                                      u_delete, unk_id=self.unk, unk_prob=unk_prob,
                                      delete_prob=delete_prob)
         return _wrap(pieces, count, self.begin, self.end, self.max_pieces)
+
+
+def save_table(path: Path, table: CaptionTable) -> None:
+    """One ``.npy`` file (written atomically): ``[num_words | pieces | piece_word]`` per row."""
+    from icr.io import save_npy_atomic
+
+    array = torch.cat([table.num_words[:, None], table.pieces, table.piece_word], dim=1)
+    save_npy_atomic(path, array.numpy())
+
+
+def load_table(path: Path, begin: int, end: int, unk: int, max_pieces: int) -> CaptionTable:
+    """A table saved by :func:`save_table`, memory-mapped (the trials of a machine share it)."""
+    array = np.load(path, mmap_mode="r")  # (C, 1 + 2 P)
+    width = (array.shape[1] - 1) // 2
+    with warnings.catch_warnings():  # a read-only map: the table's tensors are never written
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        rows = torch.from_numpy(array)
+    return CaptionTable(rows[:, 1 : 1 + width], rows[:, 1 + width :], rows[:, 0], begin, end,
+                        unk, max_pieces)
 
 
 def word_dropout(
@@ -181,6 +210,12 @@ def _table(words: list[list[list[int]]], begin: int, end: int, unk: int, max_pie
 class VocabInput:
     """Word ids of the training vocabulary between ``<start>`` and ``<end>``, cut to ``max_len``."""
 
+    @property
+    def markers(self) -> tuple[int, int, int, int]:
+        """``(begin, end, unk, max_pieces)`` of its tables."""
+        v = self.vocab
+        return v.start_id, v.end_id, v.unk_id, self.max_len - 2
+
     def __init__(self, vocab: Vocabulary, max_len: int, unk_prob: float, delete_prob: float) -> None:
         self.vocab, self.max_len = vocab, max_len
         self.unk_prob, self.delete_prob = unk_prob, delete_prob
@@ -199,15 +234,24 @@ class VocabInput:
                               self.delete_prob)
         return self._wrap(ids)
 
+    def key(self) -> str:
+        words = hashlib.sha256("\n".join(self.vocab.itos).encode()).hexdigest()[:16]
+        return f"vocab-{words}-{self.max_len}"
+
     def table(self, captions: list[str] | tuple[str, ...]) -> CaptionTable:
         """Words cut to ``max_len - 2`` before augmentation, as :meth:`augmented` does."""
-        v = self.vocab
         words = [[[i] for i in self._words(c)] for c in captions]
-        return _table(words, v.start_id, v.end_id, v.unk_id, self.max_len - 2)
+        return _table(words, *self.markers)
 
 
 class WordpieceInput:
     """The ids of a transformers tokenizer (``[CLS] ... [SEP]``), at most ``max_len`` of them."""
+
+    @property
+    def markers(self) -> tuple[int, int, int, int]:
+        """``(begin, end, unk, max_pieces)`` of its tables."""
+        tok = self.tokenizer
+        return tok.cls_token_id, tok.sep_token_id, tok.unk_token_id, self.max_len - 2
 
     def __init__(self, tokenizer: Any, max_len: int, unk_prob: float, delete_prob: float) -> None:
         if tokenizer.pad_token_id != 0:
@@ -224,6 +268,12 @@ class WordpieceInput:
                                 self.delete_prob)
         return self.ids(" ".join(words))
 
+    def key(self) -> str:
+        tok = self.tokenizer
+        vocab = sorted(tok.get_vocab().items())
+        digest = hashlib.sha256(repr(vocab).encode()).hexdigest()[:16]
+        return f"wordpiece-{type(tok).__name__}-{digest}-{self.max_len}"
+
     def table(self, captions: list[str] | tuple[str, ...]) -> CaptionTable:
         """Each whitespace word split into wordpieces on its own (a WordPiece tokenizer splits
         words independently of their neighbours; checked on the first captions)."""
@@ -232,8 +282,7 @@ class WordpieceInput:
         distinct = sorted({w for words in split for w in words})
         encoded = tok(distinct, add_special_tokens=False)["input_ids"] if distinct else []
         pieces = dict(zip(distinct, encoded, strict=True))
-        table = _table([[pieces[w] for w in words] for words in split], tok.cls_token_id,
-                       tok.sep_token_id, tok.unk_token_id, self.max_len - 2)
+        table = _table([[pieces[w] for w in words] for words in split], *self.markers)
         self._check(captions[:64], table)
         return table
 

@@ -45,7 +45,6 @@ from icr.context import (
     dataset_capabilities,
 )
 from icr.data.batches import Batch, TrainingBatches
-from icr.data.captions import CaptionTable, VocabInput
 from icr.data.features import cached_backbone_features
 from icr.data.images import ImageStore, SplitImages, place_images
 from icr.data.pipeline import PreparedData, prepare_data
@@ -144,7 +143,7 @@ class RetrievalTask:
         stores = place_images(data.images, self.device, budget)
         captions = {}
         for split in ("val", "test"):
-            tokens, lengths = data.captions.table(data.splits[split].captions).clean()
+            tokens, lengths = data.tables[split].clean()
             captions[split] = (tokens.to(self.device), lengths)
         return stores, captions
 
@@ -160,16 +159,11 @@ class RetrievalTask:
                 targets = torch.from_numpy(np.array(targets, dtype=np.float32)).to(self.device)
         return TrainingBatches(
             images=self.stores["train"], caption_image=train.caption_image,
-            captions=data.captions.table(train.captions), clean=self._vocab_table(data),
+            captions=data.tables["train"], clean=data.vocab_table,
             targets=targets, sampler=t.sampler, batch_size=t.batch_size, epoch_unit=t.epoch_unit,
             seed=t.seed, unk_prob=c.text.unk_prob, delete_prob=c.text.delete_prob,
             random_erasing=c.image.random_erasing, normalize=data.pixels, device=self.device,
         )
-
-    def _vocab_table(self, data: PreparedData) -> CaptionTable:
-        """The training captions' vocabulary ids (what the ITD decoder reconstructs)."""
-        vocab = VocabInput(data.vocab, self.config.text.max_len, 0.0, 0.0)
-        return vocab.table(data.splits["train"].captions)
 
     def _build_optimizer(self) -> torch.optim.Optimizer:
         """One parameter group, plus one for a pretrained backbone with its own lr factor (BERT)."""
@@ -306,7 +300,7 @@ class RetrievalTask:
         if split in self.captions:
             tokens, lengths = self.captions[split]
         else:  # the training split (probes, COCOS): its clean ids, made when asked
-            tokens, lengths = self.data.captions.table(self.data.splits[split].captions).clean()
+            tokens, lengths = self.data.tables[split].clean()
         return embed_split(self.encoder, self.stores[split], tokens.to(self.device), lengths,
                            normalize=self.data.pixels, batch_size=self.config.eval.batch_size)
 
