@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from icr.errors import ConfigError
+from icr.registry import resolve
 
 Scalar = bool | int | float | str
 
@@ -326,8 +327,6 @@ class KeySpec:
     def choices(self) -> tuple[Scalar, ...] | None:
         """The allowed values (a registry's names are read when first asked for)."""
         if self.registry is not None:
-            from icr.registry import resolve
-
             return tuple(resolve(self.registry).names())
         return self.fixed_choices
 
@@ -472,8 +471,6 @@ def used_keys(config: ExperimentConfig) -> list[str]:
     The choice keys themselves follow the same rule, so the chain task -> encoder -> pooling
     resolves to a fixed point. MLflow records exactly these keys; the report compares runs on them.
     """
-    from icr.registry import resolve
-
     flat = to_flat(config)
     registries = {k: resolve(s.registry) for k, s in _SPECS.items() if s.registry}
     reads = {(k, n): set(r.reads(n)) for k, r in registries.items() for n in r.names()}

@@ -6,7 +6,7 @@ with its files (``@DATASETS.register("shapes", provides=(Scenes, ImageFiles))``)
 registers the task kind it runs on and the capabilities it needs
 (``@ANALYSES.register("cocos", task="retrieval", needs=(Embeddings, RetrievalInputs))``) and reads
 them, typed, from its :class:`TaskContext`: ``context.get(Embeddings).embed("train")``. Nothing is
-probed with ``hasattr``: :func:`icr.analysis.check_analyses` matches the declarations from the
+probed with ``hasattr``: :func:`icr.train.analyses.check_analyses` matches the declarations from the
 config alone when a study is planned, so an analysis that cannot run on a condition is a one-line
 error before anything starts.
 """
@@ -123,16 +123,6 @@ def dataset_capabilities(source: DatasetSource | None) -> tuple[Capability, ...]
     return tuple(found)
 
 
-def providers(capability: type[Capability]) -> list[str]:
-    """The config choices that provide ``capability``: ``task.name=...``, ``data.dataset=...``."""
-    from icr.data.datasets import DATASETS
-    from icr.train.tasks import TASKS
-
-    return ([f"task.name={t}" for t in TASKS if capability in TASKS.meta(t)["provides"]]
-            + [f"data.dataset={d}" for d in DATASETS
-               if capability in DATASETS.meta(d).get("provides", ())])
-
-
 # ---------------------------------------------------------------------------- the context
 
 
@@ -170,7 +160,7 @@ class TaskContext:
         Raises:
             TypeError: the analysis reads a capability it did not declare in its ``needs`` (a bug).
             ConfigError: this run lacks it (e.g. a shapes folder without scenes.json); the message
-                names the analysis and the choices that provide it.
+                names the analysis and what it needs.
         """
         if self.needs is not None and capability not in self.needs:
             raise TypeError(f"analysis {self.analysis!r} reads {capability.__name__} without "
@@ -178,7 +168,7 @@ class TaskContext:
         found = self.capabilities.get(capability)
         if isinstance(found, capability):
             return found
-        fix = " or ".join(providers(capability)) or "a task and data that provide it"
         raise ConfigError(f"eval.analyses={self.analysis or '?'} needs {capability.__name__} "
-                          f"({capability.about}), which this {self.kind} run lacks; use {fix}, "
-                          f"or drop {self.analysis or 'the analysis'}")
+                          f"({capability.about}), which this {self.kind} run's task and data "
+                          f"lack; give data that has it, or drop "
+                          f"{self.analysis or 'the analysis'}")

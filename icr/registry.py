@@ -32,18 +32,22 @@ class Registry(Generic[T]):
 
     Args:
         kind: what is registered, for messages ("contrastive loss").
-        section: the config section whose fields the builders take as keyword arguments.
+        section: the config section whose fields the builders take as keyword arguments: its
+            dataclass (``LossConfig``: the section ``loss`` of ``ExperimentConfig``). The
+            registry reads its fields; it never imports the config module.
         package: dotted package(s) whose modules are imported before names are looked up.
         requires: what every registration must declare beyond its builder (``meta`` keys, e.g.
             ``("task", "needs")`` for an analysis).
     """
 
     def __init__(
-        self, kind: str, *, section: str | None = None, package: str | tuple[str, ...] | None = None,
-        requires: tuple[str, ...] = (),
+        self, kind: str, *, section: type | None = None,
+        package: str | tuple[str, ...] | None = None, requires: tuple[str, ...] = (),
     ) -> None:
         self.kind = kind
-        self.section = section
+        self.section_type = section
+        self.section = section_name(section) if section is not None else None
+        self._fields = {f.name for f in dataclasses.fields(section)} if section else set()
         self.packages = (package,) if isinstance(package, str) else tuple(package or ())
         self.requires = requires
         self._items: dict[str, T] = {}
@@ -103,11 +107,8 @@ class Registry(Generic[T]):
 
     def options(self, name: str) -> list[str]:
         """The builder's keyword parameters that are fields of the registry's config section."""
-        if self.section is None:
-            return []
-        fields = _section_fields(self.section)
         params = inspect.signature(self.get(name)).parameters
-        return [p for p in params if p in fields]
+        return [p for p in params if p in self._fields]
 
     def reads(self, name: str) -> tuple[str, ...]:
         """Dotted config keys the component ``name`` depends on."""
@@ -156,11 +157,10 @@ class Registry(Generic[T]):
         return len(self._items)
 
 
-def _section_fields(section: str) -> set[str]:
-    from icr.config import ExperimentConfig
-
-    section_type = {f.name: f for f in dataclasses.fields(ExperimentConfig)}[section]
-    return {f.name for f in dataclasses.fields(section_type.default_factory())}
+def section_name(section: type) -> str:
+    """The name of a config section from its dataclass: ``LossConfig`` -> ``loss`` (the fields
+    of ``ExperimentConfig`` are named so; a test holds every registry to it)."""
+    return section.__name__.removesuffix("Config").lower()
 
 
 def resolve(path: str) -> Registry:

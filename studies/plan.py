@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from icr.analysis import check_analyses
 from icr.config import (
     ExperimentConfig,
     Scalar,
@@ -34,6 +33,7 @@ from icr.config import (
     used_keys,
 )
 from icr.errors import ConfigError, UserError
+from icr.train.analyses import check_analyses
 from icr.train.tasks import check as check_task
 from icr.workspace import Workspace
 from studies.catalog import Recipe, Study, space_path

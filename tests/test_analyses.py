@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from icr.analysis import ANALYSES, check_analyses
+from icr.analysis import ANALYSES
 from icr.analysis.cocos import COCOS_COUNTERS
 from icr.config import from_flat
 from icr.context import (
@@ -23,6 +23,7 @@ from icr.context import (
 from icr.data.datasets import DATASETS
 from icr.errors import ConfigError
 from icr.losses import LOSSES
+from icr.train.analyses import check_analyses
 from icr.train.tasks import TASKS
 
 TINY = {
@@ -105,7 +106,7 @@ def test_an_analysis_reads_only_what_it_declared():
     with pytest.raises(TypeError, match="reads RetrievalInputs without declaring it"):
         restricted.get(RetrievalInputs)
     with pytest.raises(ConfigError, match=r"^eval.analyses=probe needs Scenes .*which this "
-                                          r"retrieval run lacks; use data.dataset="):
+                                          r"retrieval run's task and data lack; give data"):
         restricted.get(Scenes)
 
 

@@ -1,7 +1,9 @@
-"""The research library never imports the platform's dependencies (DESIGN.md, three layers)."""
+"""The research library never imports the platform's dependencies (docs/architecture.md, three
+layers), and no module of either imports itself around a circle."""
 
 import subprocess
 import sys
+from pathlib import Path
 
 
 def test_importing_icr_imports_no_ray_optuna_mlflow_or_studies():
@@ -39,3 +41,76 @@ def test_torchvision_is_imported_only_where_a_resnet_is_built():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False", "False", "True", "True", "True"]
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module -> the project's modules it imports, read from the source: imports inside
+    functions included (they still run, only later), ``if TYPE_CHECKING:`` blocks excluded
+    (they never run), and a module's import of ``a.b.c`` counting ``a.b``'s package too (its
+    ``__init__`` runs first), unless the importer lives inside that package."""
+    import ast
+
+    root = Path(__file__).resolve().parents[1]
+    modules = {}
+    for package in ("icr", "studies"):
+        for path in (root / package).rglob("*.py"):
+            name = ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+            modules[name] = path
+
+    def known(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        skipped = {id(node) for guard in ast.walk(tree) if isinstance(guard, ast.If)
+                   and ast.unparse(guard.test).endswith("TYPE_CHECKING")
+                   for statement in guard.body for node in ast.walk(statement)}
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets = set()
+        for node in ast.walk(tree):
+            if id(node) in skipped:
+                continue
+            if isinstance(node, ast.Import):
+                targets |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*parts, base] if base else parts)
+                targets |= {f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
+                            for a in node.names}
+        edges = set()
+        for target in filter(None, map(known, targets)):
+            parts = target.split(".")
+            for k in range(1, len(parts) + 1):
+                parent = ".".join(parts[:k])
+                if parent in modules and parent != name and not name.startswith(parent + "."):
+                    edges.add(parent)
+        graph[name] = edges
+    return graph
+
+
+def test_no_import_circle_in_the_library_or_the_platform():
+    """Every cycle of imports among icr and studies modules, hidden inside a function or not."""
+    graph = _import_graph()
+    assert graph["icr.train.loop"] >= {"icr.train.tasks", "icr.analysis"}  # the reader reads
+    index: dict[str, int] = {}
+    cycles = []
+
+    def visit(node: str, path: list[str]) -> None:  # depth-first: a back edge is a cycle
+        index[node] = len(path)
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if nxt in path:
+                cycles.append(path[path.index(nxt):] + [nxt])
+            elif nxt not in index:
+                visit(nxt, path)
+        path.pop()
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module, [])
+    assert not cycles, "import circles: " + "; ".join(" -> ".join(c) for c in cycles[:5])

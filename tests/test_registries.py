@@ -130,3 +130,19 @@ def test_every_registry_discovers_its_package(path):
     for name in names:
         module = registry.get(name).__module__
         assert module.startswith(tuple(f"{p}." for p in registry.packages)), (name, module)
+
+
+@pytest.mark.parametrize("path", REGISTRIES)
+def test_a_registry_tied_to_a_section_names_a_section_of_the_config(path):
+    """A registry takes its section's dataclass (so it never imports the config module) and
+    derives its name: the config holds that dataclass under that name."""
+    import dataclasses
+
+    from icr.config import ExperimentConfig
+    from icr.registry import resolve
+
+    registry = resolve(path)
+    if registry.section is None:
+        return
+    sections = {f.name: f.default_factory() for f in dataclasses.fields(ExperimentConfig)}
+    assert type(sections[registry.section]) is registry.section_type

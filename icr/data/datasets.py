@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from icr.config import DataConfig
 from icr.context import ImageFiles, Scenes
 from icr.data import karpathy, precomp
 from icr.data.types import CaptionedImages
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 
 SPLITS = ("train", "val", "test")
 
-DATASETS: Registry = Registry("dataset", section="data", package="icr.data")
+DATASETS: Registry = Registry("dataset", section=DataConfig, package="icr.data")
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+from icr.config import LossConfig
 from icr.errors import ConfigError
 from icr.registry import Registry
 
@@ -48,7 +49,7 @@ def split_output(out: Tensor | LossOutput) -> tuple[Tensor, dict[str, Tensor]]:
     return out, {}
 
 
-LOSSES: Registry = Registry("contrastive loss", section="loss", package="icr.losses")
+LOSSES: Registry = Registry("contrastive loss", section=LossConfig, package="icr.losses")
 
 _DATA_ARGS = ("sims", "image_ids")
 

@@ -10,11 +10,12 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor, nn
 
+from icr.config import DecoderConfig
 from icr.losses.reconstruction import cosine_reconstruction_loss, token_nll_loss
 from icr.registry import Registry
 
 # Builders take the decoder.* fields they use and the context (embed_dim, vocab_size, target_dim).
-DECODERS: Registry = Registry("decoder", section="decoder", package="icr.models")
+DECODERS: Registry = Registry("decoder", section=DecoderConfig, package="icr.models")
 
 
 class LatentTargetDecoder(nn.Module):

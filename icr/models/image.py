@@ -28,6 +28,7 @@ from urllib.parse import urlparse
 import torch
 from torch import Tensor, nn
 
+from icr.config import ImageConfig
 from icr.errors import ConfigError
 from icr.registry import Registry
 
@@ -90,7 +91,7 @@ class ImageEncoder(nn.Module):
 
 
 IMAGE_ENCODERS: Registry[Callable[..., nn.Module]] = Registry(
-    "image encoder", section="image", package="icr.models"
+    "image encoder", section=ImageConfig, package="icr.models"
 )
 
 

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence
 
+from icr.config import TextConfig
 from icr.errors import ConfigError
 from icr.registry import Registry
 
@@ -17,7 +18,7 @@ __all__ = ["GRUCaptionEncoder", "TEXT_ENCODERS"]
 
 # Builders take the text.* fields they use and the context: vocab_size, word_vectors (GloVe rows
 # aligned with the vocabulary, or None).
-TEXT_ENCODERS: Registry = Registry("caption encoder", section="text", package="icr.models")
+TEXT_ENCODERS: Registry = Registry("caption encoder", section=TextConfig, package="icr.models")
 
 _MERGES = ("concat", "mean")
 

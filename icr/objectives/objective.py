@@ -15,10 +15,12 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from icr.config import ObjectiveConfig
 from icr.errors import ConfigError
 from icr.registry import Registry
 
-OBJECTIVES: Registry = Registry("objective", section="objective", package="icr.objectives")
+OBJECTIVES: Registry = Registry("objective", section=ObjectiveConfig,
+                                package="icr.objectives")
 
 
 @dataclass(frozen=True)

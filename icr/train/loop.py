@@ -23,11 +23,12 @@ from typing import Any
 
 import torch
 
-from icr.analysis import Analysis, build_analysis, check_analyses
+from icr.analysis import Analysis, build_analysis
 from icr.config import ExperimentConfig, split_list, to_flat
 from icr.context import TaskContext
 from icr.errors import ConfigError
 from icr.seeding import rng_state, seed_everything, set_rng_state
+from icr.train.analyses import check_analyses
 from icr.train.checkpoint import ARTIFACTS, load_checkpoint, save_checkpoint
 from icr.train.device import configure_backends
 from icr.train.seam import EpochReport, FitResult, Reporter
