@@ -20,6 +20,11 @@ class Interrupted(Exception):
     """The driver was interrupted (Ctrl-C, SIGTERM, SIGHUP); the run can be continued."""
 
 
+class StudyIncomplete(Exception):
+    """A phase ended without every run it planned, for a reason other than a run's own training
+    (a lost worker, say); the message says which, in one line. The run can be continued."""
+
+
 class StopSignals:
     """Within the block, SIGINT, SIGTERM and SIGHUP stop the driver as Ctrl-C does, and are
     remembered (:attr:`received`).

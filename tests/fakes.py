@@ -17,6 +17,7 @@ import json
 import math
 import os
 import random
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -49,6 +50,9 @@ class FakeFit:
         count_builds: with ``record_dir``, record how many configs the process built
             (:class:`ConfigBuilds`) between unpickling this fake (in a Ray worker: before the
             trial's function runs) and the call.
+        crash_dir, crashes: a config matching ``fail_on`` ends its process abruptly at
+            ``fail_epoch`` instead of raising (a lost worker), as long as ``crash_dir`` holds
+            fewer than ``crashes`` files; each crash adds one.
     """
 
     epoch_seconds: float = 0.0
@@ -59,6 +63,8 @@ class FakeFit:
     gate: str | None = None
     hold_after: int = 0
     count_builds: bool = False
+    crash_dir: str | None = None
+    crashes: int = 0
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -82,7 +88,13 @@ class FakeFit:
         logs = _logged_terms(config)
         for epoch in range(start, config.epochs):
             if failing and epoch + 1 == self.fail_epoch:
-                raise TrainingError(f"non-finite loss at epoch {epoch + 1} (fake)")
+                if self.crash_dir is None:
+                    raise TrainingError(f"non-finite loss at epoch {epoch + 1} (fake)")
+                crashed = Path(self.crash_dir)
+                crashed.mkdir(parents=True, exist_ok=True)
+                if len(list(crashed.iterdir())) < self.crashes:
+                    (crashed / f"{os.getpid()}-{time.time_ns()}").touch()
+                    os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer, or a node lost
             while self.gate and epoch >= self.hold_after and not (Path(self.gate) / "go").exists():
                 time.sleep(0.05)  # held by the test, not timed
             time.sleep(self.epoch_seconds)
