@@ -35,6 +35,7 @@ from studies.frameworks.tune import (
     EpochCsvLogger,
     EpochJsonLogger,
     labelled_trainable,
+    newest_searcher_state,
     quiet_retried_syncs,
     saved_by_tune,
     trial_error,
@@ -42,7 +43,7 @@ from studies.frameworks.tune import (
 from studies.labels import trial_label
 from studies.progress import DONE, INTERVAL_S, RUNNING, WAITING, Progress, TrialView, say_now
 from studies.samplers import SpreadThenTPESampler
-from studies.searcher import StudySearcher
+from studies.searcher import StudySearcher, read_state
 from studies.session import Interrupted, Session
 from studies.signals import StudyIncomplete
 from studies.space import ConditionalSpace, grid_points
@@ -217,6 +218,9 @@ def run_tuner(
     ended_before: set[str] = set()
     if tune.Tuner.can_restore(path):
         log.info("continuing the Tune experiment %s", path)
+        state = newest_searcher_state(Path(path))
+        if state is not None:
+            read_state(state)  # one line naming it if it is not the JSON a searcher writes
         ended_before = ended_in_saved_state(path)
         # A trial that failed is continued from its last checkpoint: one whose training failed
         # fails again where it did; one lost around it (a worker, a node) gets its retry.

@@ -95,8 +95,10 @@ def saved_experiment(folder: Path, searcher: bool) -> list[Path]:
     (folder / "experiment_state-2026-11-25_22-57-40.json").write_text('{"trial_data": []}')
     names = (["search_gen_state-2026-11-25_22-57-40.json", "searcher-state-2026-11-25_22-57-40.pkl"]
              if searcher else ["basic-variant-state-2026-11-25_22-57-40.json"])
-    for name in names:
-        (folder / name).write_bytes(pickle.dumps({"counter": 4, "live_trials": {"631e9b45"}}))
+    for name in names:  # Tune's own pickled; the searcher's (studies.searcher) JSON
+        (folder / name).write_bytes(
+            json.dumps({"format": "x", "trials": []}).encode() if name.startswith("searcher-")
+            else pickle.dumps({"counter": 4, "live_trials": {"631e9b45"}}))
     return [folder / name for name in names]
 
 
@@ -139,3 +141,30 @@ def test_a_checkpoint_copy_cut_short_is_not_taken_for_a_marked_one(tmp_path) -> 
     assert [Path(c.path).name for c, _ in marked_checkpoints(str(trial))] == ["checkpoint_000000"]
     (trial / "checkpoint_000000" / "state.json").unlink()  # a file not copied yet
     assert marked_checkpoints(str(trial)) == []
+
+
+class Planted:
+    """What a stranger with write access to the storage could put in a state file: unpickled,
+    it makes a folder (any code would run the same way)."""
+
+    def __init__(self, flag: Path) -> None:
+        self.flag = flag
+
+    def __reduce__(self):
+        import os
+
+        return os.mkdir, (str(self.flag),)
+
+
+@pytest.mark.parametrize("name", ["searcher-state-2026-11-25_22-57-40.pkl",
+                                  "search_gen_state-2026-11-25_22-57-40.json",
+                                  "basic-variant-state-2026-11-25_22-57-40.json"])
+def test_checking_an_experiment_s_state_files_executes_none_of_them(tmp_path, name) -> None:
+    """The check that Tune saved an experiment whole loaded each state file with pickle.load,
+    running whatever a file from the storage (which may be a shared bucket) asked."""
+    folder = tmp_path / "experiment"
+    saved_experiment(folder, searcher=not name.startswith("basic-"))
+    flag = tmp_path / "executed"
+    (folder / name).write_bytes(pickle.dumps(Planted(flag)))
+    saved_by_tune(folder)
+    assert not flag.exists()

@@ -7,7 +7,8 @@ with Ray Tune 2.60.0).
 - :class:`EpochJsonLogger`, :class:`EpochCsvLogger`: Tune's result files, each epoch once (they
   use the loggers' own record of open files);
 - :data:`BOOKKEEPING`: the keys Tune adds to every result (not metrics of the trial);
-- :func:`saved_by_tune`: the files in which Tune saves an experiment, and whether they are whole;
+- :func:`saved_by_tune`: the files in which Tune saves an experiment, and whether they are whole
+  (read without executing them); :func:`newest_searcher_state`: the one a restore reads;
 - :func:`trial_folder`: how Tune names a trial's folder in the experiment;
 - :func:`trial_error`: where Tune writes a failed trial's error before it syncs it;
 - :func:`quiet_retried_syncs`: the logger and the text of one harmless warning of Tune's syncer.
@@ -20,6 +21,7 @@ import csv
 import json
 import logging
 import pickle
+import pickletools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -37,6 +39,8 @@ TESTED_VERSION = "2.60.0"
 # Set in a result that came with a checkpoint (the checkpoint's folder name).
 CHECKPOINT_DIR = "checkpoint_dir_name"
 RESULT_FILE, PROGRESS_FILE = "result.json", "progress.csv"  # a trial's results, as Tune logs them
+SEARCHER_STATE = "searcher-state-*.pkl"  # Searcher.save_to_dir's name (ours holds JSON)
+PICKLED = pickle.PROTO  # the first byte of a pickle (protocol 2 or later, as Tune writes them)
 # The logger of Tune's background copies of the experiment to its storage.
 SYNCER_LOGGER = "ray.train._internal.syncer"
 
@@ -179,19 +183,29 @@ def saved_by_tune(path: Path) -> bool:
     ever: the limiter still counts the trials that were running as live. Such an experiment is
     not saved whole either.
     """
-    saved = ([*path.glob("search_gen_state-*.json"), *path.glob("searcher-state-*.pkl")]
+    saved = ([*path.glob("search_gen_state-*.json"), *path.glob(SEARCHER_STATE)]
              or list(path.glob("basic-variant-state-*.json")))  # a searcher's files, or a grid's
     return any(path.glob("experiment_state-*.json")) and bool(saved) and all(map(_whole, saved))
 
 
+def newest_searcher_state(path: Path) -> Path | None:
+    """The searcher state that ``Tuner.restore`` hands to the searcher (the newest by name)."""
+    return max(path.glob(SEARCHER_STATE), default=None)
+
+
 def _whole(state: Path) -> bool:
-    """Whether a state file Tune pickled loads (a copy cut short does not)."""
+    """Whether a state file was written whole, read without executing anything: the searcher's
+    JSON parses, and a pickle of Tune's runs to its STOP (``pickletools`` reads the opcodes;
+    ``pickle.load`` would run whatever the file asks, and the storage may be a shared bucket).
+    """
     try:
-        with state.open("rb") as f:
-            pickle.load(f)
-    except Exception:  # noqa: BLE001 - any unreadable file is a copy cut short
+        data = state.read_bytes()
+        if not data.startswith(PICKLED):  # the searcher's state (studies.searcher)
+            json.loads(data)
+            return True
+        return any(op.name == "STOP" for op, _, _ in pickletools.genops(data))
+    except (OSError, ValueError):  # cut short: a pickle without its STOP, JSON cut anywhere
         return False
-    return True
 
 
 def trial_folder(experiment: str) -> str:
