@@ -7,6 +7,7 @@ driver runs a study at a time (:class:`~studies.session.DriverLock`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ from studies.session import (
     read_state,
     write_state,
 )
-from studies.signals import StudyIncomplete
+from studies.signals import StudyIncomplete, stop_signals_ignored
 from studies.storage import check_storage
 from studies.tracking import PARENT_TAG, Tracker, check_store, git_commit
 from studies.trials import run_name
@@ -161,7 +162,10 @@ def run_study(
                 return out
         finally:
             if cluster.started_here:
-                connection.disconnect(cluster, keep_logs=failed)
+                # A stop signal while a finished study stops its Ray instance does not make it
+                # interrupted (the next run would start a new study): the teardown goes on.
+                with contextlib.nullcontext() if failed else stop_signals_ignored():
+                    connection.disconnect(cluster, keep_logs=failed)
 
 
 def mlflow_hint(plan: StudyPlan, experiment_id: str = "") -> str:
@@ -256,8 +260,9 @@ def run_phases(session: Session, say: Callable[[str], None]) -> Path:
     out = build_report(plan.study, session.tracker, plan.report_dir, session.parent_id,
                        plan.workspace, ray_evaluator(plan.storage_root, session.cluster.gpus))
     session.tracker.finish(session.parent_id, "FINISHED")
-    session.save_state(phase="done")
+    session.check_stop()  # a report interrupted is not a report: made again by the next run
     say(f"report: {out}" + (f" ({failed}; the report's notes say which)" if failed else ""))
+    session.save_state(phase="done")  # after the line: a study marked done has said so
     return out
 
 

@@ -90,6 +90,19 @@ def stop_signals_as_ctrl_c() -> StopSignals:
 
 
 @contextlib.contextmanager
+def stop_signals_ignored() -> Iterator[None]:
+    """Within the block, the stop signals are ignored (and lost); the handlers come back after."""
+    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
 def handlers_kept(signals: Sequence[int] = STOP_SIGNALS) -> Iterator[None]:
     """Run a call that installs its own stop-signal handlers (``ray.init`` sets SIGTERM to
     ``sys.exit``) and put the previous ones back after it; a SIGTERM that such a handler turned

@@ -177,6 +177,33 @@ class FakeFit:
         tmp.replace(path)
 
 
+@dataclass(frozen=True)
+class CountingFit:
+    """The real ``icr.train.fit``, each call recorded as :class:`FakeFit` records it: the epoch
+    it continued after, the epochs it reported and their training steps (``record_dir``)."""
+
+    record_dir: str
+
+    def __call__(self, config: ExperimentConfig, reporter: Any = None,
+                 resume_from: Path | str | None = None, **kwargs: Any) -> FitResult:
+        from icr.train import fit
+
+        directory = Path(self.record_dir)
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"{os.getpid()}-{time.time_ns()}.json"
+        FakeFit._record(path, run_dir=str(kwargs.get("run_dir", "")), epochs_run=0, steps=[])
+
+        def counted(report: EpochReport) -> None:
+            if reporter is not None:
+                reporter(report)
+            done = json.loads(path.read_text())
+            FakeFit._record(path, resumed_after=done.get("resumed_after", report.epoch - 1),
+                            epochs_run=done["epochs_run"] + 1,
+                            steps=done["steps"] + [row["step"] for row in report.trajectory])
+
+        return fit(config, counted, resume_from, **kwargs)
+
+
 class ConfigBuilds:
     """Counts the configs this process builds: the calls of ``icr.config.from_flat``, wherever a
     module imported it from."""
