@@ -12,7 +12,9 @@ share the cluster; each run trains the full budget with ``eval.test=true`` and t
 analyses. The seeds (1000, 1001, ...) are never those of the search trials.
 
 An interrupted Tuner is continued with ``Tuner.restore``: finished trials are kept, unfinished ones
-resume from their last checkpoint, and the MLflow callback finds their runs again. A Tuner
+resume from their last checkpoint, and the MLflow callback finds their runs again. A trial that
+failed around its training (a lost worker or node, every retry) stops the phase
+(:class:`~studies.signals.StudyIncomplete`); continued, it resumes from its last checkpoint. A Tuner
 interrupted before Tune first saved it whole (before its first save, or while Ray copied the
 saved state to the storage) is started over (:func:`saved_by_tune`).
 """
