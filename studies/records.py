@@ -134,7 +134,8 @@ def _say_what_was_left(record_path: Path, record: dict[str, Any], marker: str | 
     folder it did not make, listed processes that carry no proof (left running)."""
     left = []
     if marker is not None:
-        left.append(f"the Ray instance {marker} (not one this study started)")
+        left.append(f"the Ray instance {marker} (not one this study started: another "
+                    "workspace's or study's)")
     if folder is not None and folder.exists():
         left.append(f"the folder {folder} (not one this study made)")
     listed = [p for p in record.get("processes") or () if _is_process(p)]
@@ -143,7 +144,8 @@ def _say_what_was_left(record_path: Path, record: dict[str, Any], marker: str | 
     if running:
         names = ", ".join(f"{p['pid']} ({p.get('name', '?')})" for p in running[:5])
         more = f" and {len(running) - 5} more" if len(running) > 5 else ""
-        left.append(f"the running process(es) {names}{more} (not started by this study)")
+        left.append(f"the running process(es) {names}{more} (nothing shows that this study "
+                    "started them)")
     if left:
         log.warning("the Ray instance record %s names %s: left as they are", record_path,
                     "; ".join(left))
