@@ -16,8 +16,15 @@ line, ``error: ...``, and exits with code 2 before anything is written.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Mapping, Sequence
+
+if __name__ == "__main__":
+    # Outside main's handlers (while Python imports the platform, or shuts down after main),
+    # Ctrl-C ends the process as SIGTERM and SIGHUP do: nothing is written then, or everything
+    # is, and Python's KeyboardInterrupt would print a traceback.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 try:
     from icr.config import key_specs, parse_overrides

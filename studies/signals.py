@@ -63,17 +63,18 @@ class StopSignals:
         if self.received:
             raise KeyboardInterrupt
 
-    def _note(self, signum: int) -> None:
+    def note(self, signum: int) -> None:
+        """Remember a stop signal that another handler took (Tune's, for SIGINT)."""
         self.received = self.received or signum
         if self._outer is not None:
-            self._outer._note(signum)
+            self._outer.note(signum)
 
     def _ctrl_c(self, signum: int, frame: Any) -> None:
-        self._note(signum)
+        self.note(signum)
         raise KeyboardInterrupt
 
     def _as_ctrl_c(self, signum: int, frame: Any) -> None:
-        self._note(signum)
+        self.note(signum)
         log.info("received %s: stopping as on Ctrl-C", signal.Signals(signum).name)
         on_ctrl_c = signal.getsignal(signal.SIGINT)
         if not callable(on_ctrl_c):

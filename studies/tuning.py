@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import logging
 import shutil
+import signal
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,7 @@ from studies.frameworks.tune import (
     newest_searcher_state,
     quiet_retried_syncs,
     saved_by_tune,
+    sigint_handler_restored,
     trial_error,
 )
 from studies.labels import trial_label
@@ -252,7 +254,8 @@ def run_tuner(
                            run_config=run_config)
     quiet_retried_syncs()
     session.check_stop()
-    grid = tuner.fit()
+    with sigint_handler_restored(lambda: session.stops.note(signal.SIGINT)):
+        grid = tuner.fit()
     session.check_stop()  # Tune stopped on a stop signal and returned normally
     ended = [r for r in grid if r.error is not None or (r.metrics or {}).get("done")
              or (r.metrics or {}).get("trial_id") in ended_before]

@@ -636,3 +636,25 @@ def test_a_run_lost_outside_its_training_stops_the_study_until_it_is_run_again(
     runs = child_runs(workspace)
     assert len(runs) == 2 and (runs["status"] == "FINISHED").all()
     assert all(steps == [1, 2] for steps in runs["steps"])
+
+
+def test_ctrl_c_between_two_tuners_stops_the_study(cluster, tmp_path: Path) -> None:
+    """Tune leaves its SIGINT handler installed when fit returns: a Ctrl-C as the confirmation
+    began went to the finished search's handler, which stopped nothing, and the study ran to its
+    end with exit code 0 (found by the chaos test)."""
+    from studies.pipeline import run_study
+    from studies.plan import Options, StudyPlan
+    from studies.signals import Interrupted, StopSignals
+
+    study = fake_study(tmp_path, budget=2, conditions=("lagrangian",))
+    plan = StudyPlan.build(study, Options(workspace=str(tmp_path / "ws"), seeds=1))
+
+    def say(line: str) -> None:
+        if line.startswith("confirm: ") and " winner(s) " in line:
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C as the confirmation begins
+
+    with StopSignals() as stops, pytest.raises((Interrupted, KeyboardInterrupt)):
+        run_study(plan, Backend(FakeFit(epoch_seconds=0.05), fake_prepare), say=say)
+    assert stops.received == signal.SIGINT
+    (state,) = (tmp_path / "ws").glob("ray/fake/*/state.json")
+    assert json.loads(state.read_text())["phase"] == "confirm"  # continued by the next run

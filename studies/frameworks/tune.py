@@ -11,7 +11,8 @@ with Ray Tune 2.60.0).
   (read without executing them); :func:`newest_searcher_state`: the one a restore reads;
 - :func:`trial_folder`: how Tune names a trial's folder in the experiment;
 - :func:`trial_error`: where Tune writes a failed trial's error before it syncs it;
-- :func:`quiet_retried_syncs`: the logger and the text of one harmless warning of Tune's syncer.
+- :func:`quiet_retried_syncs`: the logger and the text of one harmless warning of Tune's syncer;
+- :func:`sigint_handler_restored`: Tune's SIGINT handler, left installed after ``fit``.
 """
 
 from __future__ import annotations
@@ -20,9 +21,12 @@ import contextlib
 import csv
 import json
 import logging
+import os
 import pickle
 import pickletools
-from collections.abc import Callable
+import signal
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -226,6 +230,28 @@ def trial_error(trial: Any) -> str | None:
     if path and Path(path).is_file():
         return Path(path).read_text()
     return trial.get_error()
+
+
+@contextlib.contextmanager
+def sigint_handler_restored(on_sigint: Callable[[], None]) -> Iterator[None]:
+    """Run a Tuner's ``fit``, then put back the SIGINT handler it found; ``on_sigint()`` when
+    Tune's own handler took a SIGINT meanwhile.
+
+    Tune 2.60 installs its SIGINT handler when ``fit`` starts (unless TUNE_DISABLE_SIGINT_HANDLER
+    is set, or outside the main thread) and leaves it installed when ``fit`` returns: a Ctrl-C
+    after that (while the next phase started, or the report was written) went to the finished
+    run's handler, which stopped nothing, and was lost. On a SIGINT that handler puts back the
+    handler it found: finding it back means a SIGINT came.
+    """
+    before = signal.getsignal(signal.SIGINT)
+    installs = (not int(os.environ.get("TUNE_DISABLE_SIGINT_HANDLER", "0"))
+                and threading.current_thread() is threading.main_thread())
+    try:
+        yield
+    finally:
+        if installs and signal.getsignal(signal.SIGINT) is before:
+            on_sigint()
+        signal.signal(signal.SIGINT, before)
 
 
 class RetriedSyncFilter(logging.Filter):
