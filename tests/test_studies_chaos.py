@@ -35,6 +35,7 @@ checkpoint, Tune's saved state and MLflow are written one after another.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -302,8 +303,9 @@ def _read(stream, into: list, stamped: bool) -> None:
 
 def recorded(db: Path, parent: str) -> dict[str, dict]:
     """MLflow's child runs of ``parent``, by Tune trial id: name, status, phase, condition,
-    ``epochs`` (tag), and each metric's steps and values, read without migrating the store."""
-    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
+    ``epochs`` (tag), and each metric's steps and values, read with SQL (no driver runs now; a
+    writable connection rolls back what a killed one left half written, as the next driver's)."""
+    with contextlib.closing(sqlite3.connect(db, timeout=60)) as con:
         runs = con.execute(
             "SELECT r.run_uuid, r.name, r.status FROM runs r JOIN tags t ON t.run_uuid = r.run_uuid "
             "WHERE t.key = 'mlflow.parentRunId' AND t.value = ? AND r.lifecycle_stage = 'active'",

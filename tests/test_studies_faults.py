@@ -290,3 +290,40 @@ def test_a_store_another_study_is_writing_is_not_called_damaged(tmp_path: Path) 
     finally:
         writer.execute("ROLLBACK")
         writer.close()
+
+
+KILLED_WRITER = """
+import sqlite3, sys, time
+con = sqlite3.connect(sys.argv[1], isolation_level=None)
+con.execute("PRAGMA cache_size=1")  # the transaction's pages go to the file: the journal is hot
+con.execute("BEGIN")
+for _ in range(20):
+    con.execute("UPDATE metrics SET value = value + 1")
+print("writing", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_store_whose_writer_was_killed_mid_transaction_is_not_called_damaged(tmp_path: Path) -> None:
+    """A driver killed by SIGKILL while MLflow wrote left a hot journal beside mlflow.db; the
+    next run's read-only check could not roll it back ("attempt to write a readonly
+    database") and called the store damaged (found by the chaos test)."""
+    import signal
+    import sqlite3
+
+    from studies.tracking import Tracker, check_store
+
+    db = tmp_path / "mlflow.db"
+    tracker = Tracker(f"sqlite:///{db}", "fake")
+    run_id = tracker.create_run("r", {"a": "b"})
+    tracker.log_metrics(run_id, {f"m{i}": float(i) for i in range(300)}, step=1)
+    tracker.flush()
+    writer = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(db)], stdout=subprocess.PIPE,
+                              text=True)
+    assert writer.stdout.readline().strip() == "writing"
+    writer.send_signal(signal.SIGKILL)
+    writer.wait()
+    assert (tmp_path / "mlflow.db-journal").stat().st_size > 0
+    check_store(f"sqlite:///{db}")  # no UserError
+    with sqlite3.connect(db) as con:  # the killed transaction was rolled back
+        assert con.execute("SELECT SUM(value) FROM metrics").fetchone()[0] == sum(range(300))
