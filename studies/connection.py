@@ -92,7 +92,9 @@ def disconnect(cluster: Cluster, *, keep_logs: bool = False) -> None:
 
 def _start_private(num_cpus: int | None, num_gpus: int | None, dashboard: bool,
                    record: Path | None) -> Cluster:
-    instance = launcher.start_head(num_cpus=num_cpus, num_gpus=num_gpus, dashboard=dashboard)
+    owner = records.owner_of(record) if record is not None else None
+    instance = launcher.start_head(num_cpus=num_cpus, num_gpus=num_gpus, dashboard=dashboard,
+                                   owner=owner)
     try:
         with ray_internals.loopback_stays_loopback(), processes.handlers_kept():
             info = ray.init(address=instance.address, log_to_driver=False, configure_logging=False)

@@ -13,7 +13,9 @@ and benchmarks add nodes with :func:`start_node`):
   so two studies on one machine do not collide;
 - its processes form a family marked by one environment variable (:mod:`studies.processes`): the
   launcher stops them on SIGTERM and gets SIGTERM when the driver dies, and a record file lets
-  :func:`studies.records.stop_recorded_instance` stop exactly them after the worst crash.
+  :func:`studies.records.stop_recorded_instance` stop exactly them after the worst crash (a
+  study's marker begins with its owner id, and the temp folder holds the marker it was made
+  for, :func:`made_for`: what proves them the study's own, whatever the record says).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ log = logging.getLogger(__name__)
 
 LOOPBACK = "127.0.0.1"
 TEMP_PREFIX = "icr-ray-"
+INSTANCE_FILE = "icr-instance"  # in an instance's temp folder: the marker it was made for
 START_TIMEOUT_S = 180.0  # `ray start` takes 10-25 s on 2 busy cores
 START_ATTEMPTS = 3  # a node whose `ray start` gave up is started again (_retried)
 # Ray's Unix sockets live in <temp>/session_<date>_<pid>/sockets/plasma_store and must fit the
@@ -90,17 +93,38 @@ def start_head(
     resources: Mapping[str, float] | None = None,
     system_config: Mapping[str, Any] | None = None,
     timeout: float = START_TIMEOUT_S,
+    owner: str | None = None,
 ) -> LocalInstance:
     """Start a head node on 127.0.0.1 with free ports and its own temp folder; wait until it runs.
 
     Token authentication is on (as ``ray.init`` does it) unless RAY_AUTH_MODE says otherwise.
     ``system_config``: Ray system settings (``--system-config``), e.g. faster health checks.
-    A ``ray start`` that gives up is tried again (:func:`_retried`).
+    ``owner``: the prefix of the instance's marker (:func:`new_marker`). A ``ray start`` that
+    gives up is tried again (:func:`_retried`).
     """
     if ray_internals.enable_token_auth():
         protect_token()
     return _retried(lambda: _start_head_once(num_cpus, num_gpus, dashboard, resources,
-                                             system_config, timeout))
+                                             system_config, timeout, owner))
+
+
+def new_marker(owner: str | None = None) -> str:
+    """A new instance's marker: ``<owner>-<random>`` (a study's instances carry its owner id,
+    :func:`studies.records.owner_of`, by which it tells its own from any other), or random."""
+    return f"{owner}-{uuid.uuid4().hex}" if owner else uuid.uuid4().hex
+
+
+def made_for(folder: Path, marker: str) -> bool:
+    """Whether ``folder`` is a temp folder this module made for the instance ``marker``: a real
+    folder (not a link) named ``icr-ray-*``, of this user, that holds the marker it was made for.
+    """
+    try:
+        info = folder.lstat()
+        return (folder.is_absolute() and folder.name.startswith(TEMP_PREFIX)
+                and stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid()
+                and (folder / INSTANCE_FILE).read_text() == marker)
+    except (OSError, UnicodeDecodeError):
+        return False
 
 
 def _retried(start_once: Callable[[], LocalInstance]) -> LocalInstance:
@@ -122,9 +146,10 @@ def _retried(start_once: Callable[[], LocalInstance]) -> LocalInstance:
 
 def _start_head_once(num_cpus: int | None, num_gpus: int | None, dashboard: bool,
                      resources: Mapping[str, float] | None,
-                     system_config: Mapping[str, Any] | None, timeout: float) -> LocalInstance:
-    temp_dir = _new_temp_dir()
-    marker = uuid.uuid4().hex
+                     system_config: Mapping[str, Any] | None, timeout: float,
+                     owner: str | None) -> LocalInstance:
+    marker = new_marker(owner)
+    temp_dir = _new_temp_dir(marker)
     # Ray has no "pick a free port" for these three (the two metrics ports come from the
     # environment of the dashboard and the autoscaler monitor).
     ports = {"ray_client_server": free_port(), "dashboard_metrics": free_port(),
@@ -169,8 +194,8 @@ def start_node(
 
 def _start_node_once(address: str, num_cpus: int | None, num_gpus: int | None,
                      resources: Mapping[str, float] | None, timeout: float) -> LocalInstance:
-    temp_dir = _new_temp_dir()
-    marker = uuid.uuid4().hex
+    marker = new_marker()
+    temp_dir = _new_temp_dir(marker)
     cmd = [sys.executable, "-c", _JOIN_LOOPBACK_SCRIPT, str(PROJECT_ROOT), str(temp_dir), "start",
            "--address", address,
            *_node_options(temp_dir, num_cpus, num_gpus, resources)]
@@ -226,11 +251,14 @@ def _launcher_env(marker: str) -> dict[str, str]:
     return {**env, processes.MARKER: marker, "RAY_USAGE_STATS_ENABLED": "0"}
 
 
-def _new_temp_dir() -> Path:
+def _new_temp_dir(marker: str) -> Path:
+    """A new temp folder (mode 0700) holding the marker of the instance it is made for."""
     root = Path(tempfile.gettempdir())
     if len(str(root)) + len(TEMP_PREFIX) + 8 > MAX_TEMP_DIR:
         root = Path("/tmp")
-    return Path(tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=root))
+    folder = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=root))
+    (folder / INSTANCE_FILE).write_text(marker)
+    return folder
 
 
 def free_port(low: int = 20000, high: int = 32000) -> int:

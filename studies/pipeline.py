@@ -7,6 +7,7 @@ driver runs a study at a time (:class:`~studies.session.DriverLock`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,8 +37,9 @@ from studies.session import (
     read_state,
     write_state,
 )
+from studies.signals import StudyIncomplete, stop_signals_ignored
 from studies.storage import check_storage
-from studies.tracking import Tracker, check_store, git_commit
+from studies.tracking import PARENT_TAG, Tracker, check_store, git_commit
 from studies.trials import run_name
 from studies.tuning import confirm, search
 
@@ -160,7 +162,10 @@ def run_study(
                 return out
         finally:
             if cluster.started_here:
-                connection.disconnect(cluster, keep_logs=failed)
+                # A stop signal while a finished study stops its Ray instance does not make it
+                # interrupted (the next run would start a new study): the teardown goes on.
+                with contextlib.nullcontext() if failed else stop_signals_ignored():
+                    connection.disconnect(cluster, keep_logs=failed)
 
 
 def mlflow_hint(plan: StudyPlan, experiment_id: str = "") -> str:
@@ -251,12 +256,54 @@ def run_phases(session: Session, say: Callable[[str], None]) -> Path:
             say(f"  confirmation run {record.condition} seed {record.spec.seed} "
                 f"failed: {record.error}")
         session.save_state(phase="report")
+    failed = check_planned_runs(session)
     out = build_report(plan.study, session.tracker, plan.report_dir, session.parent_id,
                        plan.workspace, ray_evaluator(plan.storage_root, session.cluster.gpus))
     session.tracker.finish(session.parent_id, "FINISHED")
-    session.save_state(phase="done")
-    say(f"report: {out}")
+    session.check_stop()  # a report interrupted is not a report: made again by the next run
+    say(f"report: {out}" + (f" ({failed}; the report's notes say which)" if failed else ""))
+    session.save_state(phase="done")  # after the line: a study marked done has said so
     return out
+
+
+def planned_runs(session: Session) -> dict[tuple[str, str], int]:
+    """(phase, condition) -> the runs the study run planned: a searched condition's trials, and
+    each winner's confirmation seeds."""
+    plan = session.plan
+    planned = {("search", c.name): c.trials(plan.budget) for c in plan.conditions if c.domains}
+    planned.update({("confirm", name): len(plan.seeds) for name in session.state["winners"]})
+    return planned
+
+
+def check_planned_runs(session: Session) -> str:
+    """Before the report: every planned run is in MLflow, once, and ended; a run can have failed
+    only in its own training (a run lost around it is retried, :func:`studies.tuning.run_tuner`).
+    Returns what failed, in words ('' if nothing did).
+
+    Raises:
+        StudyIncomplete: a planned run is missing or never ended (the report would hold fewer
+            runs than planned without saying why).
+    """
+    runs = session.tracker.find_runs(f"tags.`{PARENT_TAG}` = '{session.parent_id}'")
+    found: dict[tuple[str, str], list[Any]] = {}
+    for run in runs:
+        found.setdefault((run.data.tags.get("phase", ""), run.data.tags.get("condition", "")),
+                         []).append(run)
+    planned = planned_runs(session)
+    for (phase, condition), count in planned.items():
+        ended = [r for r in found.get((phase, condition), []) if r.info.status in ("FINISHED", "FAILED")]
+        if len(ended) != count:
+            raise StudyIncomplete(
+                f"MLflow holds {len(ended)} ended {phase} run(s) of {condition}, not the "
+                f"{count} planned, in study run {session.run_dir.name}; run the same command "
+                "again, or start over with --fresh")
+    failed = [r for key in planned for r in found.get(key, []) if r.info.status == "FAILED"]
+    if not failed:
+        return ""
+    first = failed[0]
+    return (f"{len(failed)} of {sum(planned.values())} runs failed in training: "
+            f"{first.info.run_name}: {first.data.tags.get('error', 'no error recorded')}"
+            + (" and others" if len(failed) > 1 else ""))
 
 
 def _describe_space(condition: ConditionPlan) -> str:

@@ -79,19 +79,25 @@ def stop_signals_deferred() -> Iterator[None]:
 def family(marker: str | None, folder: Path | None = None,
            spare: Collection[int] = ()) -> list[psutil.Process]:
     """This user's running processes with ``MARKER=marker`` or a file open inside ``folder``
-    (``None``: that test is not made), except this one and the PIDs in ``spare``."""
+    (``None``: that test is not made), and their descendants, except this one and the PIDs in
+    ``spare``.
+
+    Give a ``folder`` only where it is known to be the instance's own (its processes' logs are
+    the only files in it): a file open there is then the mark of a process that Ray renamed.
+    """
     inside = str(folder.resolve()) + os.sep if folder is not None else None
-    found = []
+    found: dict[int, psutil.Process] = {}
     for proc in _own_processes():
-        if proc.pid in spare:
-            continue
         try:
             if (marker is not None and proc.environ().get(MARKER) == marker) or (
                     inside and any(f.path.startswith(inside) for f in proc.open_files())):
-                found.append(proc)
+                found[proc.pid] = proc
         except (psutil.Error, OSError):  # gone, a zombie, or not readable: not ours to stop
             continue
-    return found
+    for proc in list(found.values()):  # started by the family: Ray's renamed agents, say
+        with contextlib.suppress(psutil.Error):
+            found.update({child.pid: child for child in proc.children(recursive=True)})
+    return [proc for pid, proc in found.items() if pid not in spare and pid != os.getpid()]
 
 
 def instance_markers() -> dict[str, list[int]]:
@@ -153,6 +159,14 @@ def _signal(procs: Sequence[psutil.Process], sig: signal.Signals) -> None:
     for proc in procs:
         with contextlib.suppress(psutil.Error):
             proc.send_signal(sig)
+
+
+def parent_pid(proc: psutil.Process) -> int | None:
+    """The PID of a process's parent; ``None`` when it is gone."""
+    try:
+        return proc.ppid()
+    except psutil.Error:
+        return None
 
 
 def alive(pid: int, create_time: float) -> bool:

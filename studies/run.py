@@ -16,8 +16,15 @@ line, ``error: ...``, and exits with code 2 before anything is written.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Mapping, Sequence
+
+if __name__ == "__main__":
+    # Outside main's handlers (while Python imports the platform, or shuts down after main),
+    # Ctrl-C ends the process as SIGTERM and SIGHUP do: nothing is written then, or everything
+    # is, and Python's KeyboardInterrupt would print a traceback.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 try:
     from icr.config import key_specs, parse_overrides
@@ -101,10 +108,12 @@ def main(
     """The command line; ``backend`` and ``extra_studies`` let tests inject fakes.
 
     A stop signal (Ctrl-C, SIGTERM, SIGHUP) at any moment ends it with one line, ``interrupted:
-    run the same command again to continue``, and exit code 130, whatever it interrupted.
+    run the same command again to continue``, and exit code 130, whatever it interrupted. A study
+    that could not run every run it planned for a reason other than a run's own training (a lost
+    worker, say) ends with one ``error: ...`` line and exit code 1; it too can be continued.
     """
     from studies.environment import set_quiet_environment
-    from studies.signals import Interrupted, StopSignals
+    from studies.signals import Interrupted, StopSignals, StudyIncomplete
 
     set_quiet_environment()
 
@@ -113,6 +122,11 @@ def main(
             return _run(build_parser().parse_args(argv), backend, extra_studies)
         except (Interrupted, KeyboardInterrupt):
             return _interrupted()
+        except StudyIncomplete as exc:
+            if stops.received:
+                return _interrupted()
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
         except UserError as exc:
             if stops.received:  # e.g. a library that reports an interrupted call as its error
                 return _interrupted()

@@ -13,28 +13,35 @@ trials); at the end Optuna is told how the trial ended:
   fast, REFERENCE_NOTES section 7);
 - FAIL when it failed.
 
-Only public APIs are used: Tune's ``Searcher`` (``suggest``, ``on_trial_result``,
-``on_trial_complete``, ``save``/``restore`` for ``Tuner.restore``) and Optuna's ``ask``/``tell``.
-Every Optuna trial's state is written to ``log_path`` (CSV) as it ends.
+Tune's ``Searcher`` (``suggest``, ``on_trial_result``, ``on_trial_complete``, ``save``/``restore``
+for ``Tuner.restore``) and Optuna's ``ask``/``tell`` are used. The searcher's state is JSON
+(:data:`FORMAT`: its Optuna trials, and which Tune trial each is), read back as data, never
+executed: the storage may be a bucket others can write (:func:`read_state`). Every Optuna
+trial's state is written to ``log_path`` (CSV) as it ends.
 """
 
 from __future__ import annotations
 
 import csv
+import json
 import logging
 import math
-import pickle
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import optuna
 from optuna.trial import TrialState
 from ray.tune.search import Searcher
 
+from icr.errors import UserError
+from studies.frameworks.optuna import study_from_json, trials_to_json
 from studies.space import ConditionalSpace
 from studies.trials import KEY, TrialSpec
 
 log = logging.getLogger(__name__)
+
+FORMAT = "icr-studies searcher state 1"  # the "format" field of a searcher's saved state
 
 
 class StudySearcher(Searcher):
@@ -58,8 +65,8 @@ class StudySearcher(Searcher):
         self.max_t = max_t
         self.time_attr = time_attr
         self.log_path = log_path
-        direction = "maximize" if mode == "max" else "minimize"
-        self.study = optuna.create_study(direction=direction, sampler=sampler)
+        self.direction = "maximize" if mode == "max" else "minimize"
+        self.study = optuna.create_study(direction=self.direction, sampler=sampler)
         self.trials: dict[str, optuna.trial.Trial] = {}  # Tune trial id -> its Optuna trial
         self.ended: dict[int, str] = {}  # Optuna trial number -> Tune trial id, once told
 
@@ -95,12 +102,24 @@ class StudySearcher(Searcher):
         self._write_log()
 
     def save(self, checkpoint_path: str) -> None:
-        with open(checkpoint_path, "wb") as f:
-            pickle.dump(self.__dict__, f)
+        """Write the searcher's state as JSON: its Optuna trials and which Tune trial each is."""
+        state = {"format": FORMAT, "trials": trials_to_json(self.study),
+                 "tune_trials": {tid: t.number for tid, t in self.trials.items()},
+                 "ended": {str(number): tid for number, tid in self.ended.items()}}
+        Path(checkpoint_path).write_text(json.dumps(state))
 
     def restore(self, checkpoint_path: str) -> None:
-        with open(checkpoint_path, "rb") as f:
-            self.__dict__.update(pickle.load(f))
+        """Continue from a state :meth:`save` wrote: the same trials, numbers and values, on a
+        new Optuna study with this searcher's sampler."""
+        path = Path(checkpoint_path)
+        state = read_state(path)
+        try:
+            study, live = study_from_json(state["trials"], self.direction, self.study.sampler)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise _not_ours(path, exc) from None
+        self.study = study
+        self.trials = {tid: live[number] for tid, number in state["tune_trials"].items()}
+        self.ended = {int(number): tid for number, tid in state["ended"].items()}
 
     def _write_log(self) -> None:
         if not self.log_path:
@@ -113,6 +132,34 @@ class StudySearcher(Searcher):
             writer = csv.DictWriter(f, fieldnames=fields)
             writer.writeheader()
             writer.writerows(rows)
+
+
+def read_state(path: Path) -> dict[str, Any]:
+    """A searcher state as :meth:`StudySearcher.save` writes it, checked field by field.
+
+    Raises:
+        UserError: one line naming the file, when it is anything else (a pickle of an earlier
+            version, a damaged or foreign file): it is never executed.
+    """
+    try:
+        state = json.loads(path.read_bytes())
+        if not isinstance(state, dict) or state.get("format") != FORMAT:
+            raise ValueError(f"not a {FORMAT!r}")
+        trials, tune_trials, ended = state["trials"], state["tune_trials"], state["ended"]
+        numbers = {t["number"] for t in trials}
+        if not (isinstance(tune_trials, dict) and isinstance(ended, dict)
+                and set(tune_trials.values()) <= numbers
+                and {int(n) for n in ended} <= numbers):
+            raise ValueError("its Tune trials name Optuna trials it does not hold")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise _not_ours(path, exc) from None
+    return state
+
+
+def _not_ours(path: Path, problem: Exception) -> UserError:
+    return UserError(
+        f"the searcher state {path} is not one this version of the platform wrote ({problem}); "
+        "it is read as JSON only, never executed: start the study over with --fresh")
 
 
 def _finite(value: Any) -> bool:

@@ -20,6 +20,11 @@ class Interrupted(Exception):
     """The driver was interrupted (Ctrl-C, SIGTERM, SIGHUP); the run can be continued."""
 
 
+class StudyIncomplete(Exception):
+    """A phase ended without every run it planned, for a reason other than a run's own training
+    (a lost worker, say); the message says which, in one line. The run can be continued."""
+
+
 class StopSignals:
     """Within the block, SIGINT, SIGTERM and SIGHUP stop the driver as Ctrl-C does, and are
     remembered (:attr:`received`).
@@ -58,17 +63,18 @@ class StopSignals:
         if self.received:
             raise KeyboardInterrupt
 
-    def _note(self, signum: int) -> None:
+    def note(self, signum: int) -> None:
+        """Remember a stop signal that another handler took (Tune's, for SIGINT)."""
         self.received = self.received or signum
         if self._outer is not None:
-            self._outer._note(signum)
+            self._outer.note(signum)
 
     def _ctrl_c(self, signum: int, frame: Any) -> None:
-        self._note(signum)
+        self.note(signum)
         raise KeyboardInterrupt
 
     def _as_ctrl_c(self, signum: int, frame: Any) -> None:
-        self._note(signum)
+        self.note(signum)
         log.info("received %s: stopping as on Ctrl-C", signal.Signals(signum).name)
         on_ctrl_c = signal.getsignal(signal.SIGINT)
         if not callable(on_ctrl_c):
@@ -82,6 +88,19 @@ _PLAIN_CTRL_C = (signal.default_int_handler, signal.SIG_DFL, signal.SIG_IGN, Non
 def stop_signals_as_ctrl_c() -> StopSignals:
     """A :class:`StopSignals` block (kept for the callers that only need the handlers)."""
     return StopSignals()
+
+
+@contextlib.contextmanager
+def stop_signals_ignored() -> Iterator[None]:
+    """Within the block, the stop signals are ignored (and lost); the handlers come back after."""
+    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 @contextlib.contextmanager

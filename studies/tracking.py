@@ -342,9 +342,14 @@ def check_store(tracking_uri: str, busy_timeout: float = 30.0) -> None:
         return
     if db.is_file():
         try:
-            with contextlib.closing(sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True,
-                                                    timeout=busy_timeout)) as con:
-                rows = con.execute("PRAGMA quick_check").fetchall()
+            try:
+                rows = _quick_check(db, busy_timeout, "ro")
+            except sqlite3.OperationalError as exc:
+                if "readonly" not in str(exc):
+                    raise
+                # A hot journal: a writer killed mid-transaction (SIGKILL). Only a writable
+                # connection lets SQLite roll it back, as any next writer would.
+                rows = _quick_check(db, busy_timeout, "rw")
             problem = "" if rows == [("ok",)] else str(rows[0][0]).splitlines()[0]
         except sqlite3.OperationalError as exc:
             if "locked" in str(exc) or "busy" in str(exc):  # another study writes to it
@@ -359,6 +364,12 @@ def check_store(tracking_uri: str, busy_timeout: float = 30.0) -> None:
                 f"{db}.damaged: the next run starts a new store) or put back a copy from a "
                 "backup, then run the same command again")
     mlflow_adapter.check_sqlite_store(db)
+
+
+def _quick_check(db: Path, busy_timeout: float, mode: str) -> list[tuple]:
+    with contextlib.closing(sqlite3.connect(f"{db.resolve().as_uri()}?mode={mode}", uri=True,
+                                            timeout=busy_timeout)) as con:
+        return con.execute("PRAGMA quick_check").fetchall()
 
 
 def numeric_metrics(result: Mapping[str, Any]) -> dict[str, float]:

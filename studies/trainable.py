@@ -10,10 +10,13 @@ resumes after a failure or a restored study.
 A reported epoch is a checkpointed epoch. Tune saves its experiment state (each trial's last
 checkpoint) in the background, so a driver killed at the wrong moment leaves a state that lags
 what the driver had recorded: restored from it, a trial would train again an epoch that MLflow
-holds, and go on from another model. So the driver marks each checkpoint with the result it
-came with before recording that result (:class:`MarkReported`), and a trial continues after the
-newest marked checkpoint of its folder (:func:`resume_point`), never older than Tune's own:
-every epoch MLflow holds is one a restored trial continues after, and the record matches the run.
+holds and go on from another model, or (one checkpoint kept) fail, its saved checkpoint deleted
+since. So each checkpoint carries the result it came with (its *mark*), written by the trial into
+the checkpoint before Tune copies it to storage, with the size of every file, so that a copy cut
+short by a kill is not taken for one (:func:`marked_checkpoints`); and a trial continues after
+the newest whole marked checkpoint of its folder (:func:`resume_point`), never older than Tune's
+own, also when Tune's is gone (:func:`studies.frameworks.tune.labelled_trainable`): every epoch
+MLflow holds is one a restored trial continues after, and the record matches the run.
 """
 
 from __future__ import annotations
@@ -32,11 +35,14 @@ from ray import tune
 
 from icr.train.seam import EpochReport
 from icr.workspace import Workspace
-from studies.frameworks.tune import BOOKKEEPING, trial_folder
+from studies.frameworks.tune import BOOKKEEPING, METADATA_FILE, trial_folder
 from studies.trials import spec_of
 
 FitFn = Callable[..., Any]  # the signature of icr.train.fit
-REPORTED = "icr_reported"  # a checkpoint's metadata key: the result the driver recorded with it
+REPORTED = "icr_reported"  # a checkpoint's metadata key: the result it was reported with
+FILES = "icr_files"  # a checkpoint's metadata key: its files and their sizes, when it was reported
+FAILED_IN_TRAINING = "icr_failed_in_training"  # set on an exception that fit raised
+_IN_REPORT = "icr_in_report"  # set on an exception that reporting an epoch raised
 
 
 @dataclass(frozen=True)
@@ -68,8 +74,16 @@ def run_trial(trial_config: dict[str, Any], *, job: TrialJob, fit: FitFn | None 
     _use_assigned_cpus()
 
     def reporter(report: EpochReport) -> None:
-        checkpoint = tune.Checkpoint.from_directory(report.checkpoint) if report.checkpoint else None
-        tune.report(tune_record(report), checkpoint=checkpoint)
+        record = tune_record(report)
+        checkpoint = None
+        try:
+            if report.checkpoint:
+                checkpoint = tune.Checkpoint.from_directory(report.checkpoint)
+                mark(checkpoint, record)  # before Tune copies it to storage: the copy carries it
+            tune.report(record, checkpoint=checkpoint)
+        except Exception as exc:  # storage, Tune: not the training's own failure
+            setattr(exc, _IN_REPORT, True)
+            raise
 
     # fit's working folder stays out of Tune's trial folder, which Tune syncs to storage while
     # fit rewrites its checkpoint; Tune copies each reported checkpoint itself.
@@ -78,18 +92,38 @@ def run_trial(trial_config: dict[str, Any], *, job: TrialJob, fit: FitFn | None 
         kwargs = {"workspace": Workspace.resolve(job.workspace), "run_dir": Path(run_dir)}
         resume_from, ended = resume_point(job, Path(run_dir) / "resume")
         if not ended:
-            fit(config, reporter, resume_from, **kwargs)
+            try:
+                fit(config, reporter, resume_from, **kwargs)
+            except Exception as exc:
+                if not getattr(exc, _IN_REPORT, False):
+                    setattr(exc, FAILED_IN_TRAINING, True)  # travels with it to the driver
+                raise
+
+
+def failed_in_training(error: BaseException | None) -> bool:
+    """Whether the error that ended a trial (as Tune gives it on the driver) was raised by its
+    training (``fit``: a non-finite loss, a config that cannot train, a bug in a model) rather
+    than around it (a lost worker or node, Tune restoring it, storage): only the former is the
+    trial's own failure, which a report states; the others are retried."""
+    seen = set()
+    while isinstance(error, BaseException) and id(error) not in seen:
+        if getattr(error, FAILED_IN_TRAINING, False):
+            return True
+        seen.add(id(error))
+        error = getattr(error, "cause", None) or error.__cause__  # RayTaskError keeps .cause
+    return False
 
 
 def resume_point(job: TrialJob, local: Path) -> tuple[Path | None, bool]:
     """Where this trial continues, and whether it had ended there (its last epoch).
 
-    Returns a local copy of the trial's newest marked checkpoint (of Tune's own when none is
-    marked: a study started before marks), or ``None`` to start from scratch. A marked
-    checkpoint newer than Tune's is one Tune's saved state lost: it is reported again with the
-    result it was marked with (a copy, which Tune persists and registers, and the driver marks
-    and records where it had not), then the marks of the trial's other checkpoints are removed,
-    since Tune writes its next checkpoints into folders of its own numbering, theirs included.
+    Returns a local copy of the trial's newest whole marked checkpoint (of Tune's own when none
+    is marked: a study started before marks), or ``None`` to start from scratch. A marked
+    checkpoint newer than Tune's, or one left when Tune's is gone (Tune gives none then), is
+    one Tune's saved state lost: it is reported again with the result it was marked with (a
+    copy, which Tune persists and registers, and the driver records where it had not), then
+    the marks of the trial's other checkpoints are removed, since Tune writes its next
+    checkpoints into folders of its own numbering, theirs included.
     """
     registered = tune.get_checkpoint()
     marked = marked_checkpoints(trial_folder(job.experiment)) \
@@ -103,7 +137,7 @@ def resume_point(job: TrialJob, local: Path) -> tuple[Path | None, bool]:
     checkpoint, record = newest
     checkpoint.to_directory(str(local))
     copy = tune.Checkpoint.from_directory(str(local))
-    copy.set_metadata({})  # unmarked until the driver marks the folder Tune copies it into
+    mark(copy, record)
     tune.report(dict(record), checkpoint=copy)
     persisted = tune.get_checkpoint()  # where Tune put the copy
     for other, _ in marked:
@@ -117,13 +151,14 @@ def _same(a: tune.Checkpoint, b: tune.Checkpoint) -> bool:
 
 
 class MarkReported(tune.Callback):
-    """Marks each checkpoint a trial reports with the result it came with. It must come before
-    the MLflow callback, which records a result that came with a checkpoint only after this
-    (see the module docstring)."""
+    """Marks a checkpoint that came without a mark with the result it came with (a trial marks
+    its checkpoints itself, :func:`run_trial`; a trial started before it did does not). It must
+    come before the MLflow callback, which records a result that came with a checkpoint only
+    after this (see the module docstring)."""
 
     def on_checkpoint(self, iteration: int, trials: list, trial: Any, checkpoint: Any, **info: Any) -> None:
         result = trial.last_result or {}
-        if "epoch" in result:
+        if "epoch" in result and _mark_of(checkpoint) is None:
             mark(checkpoint, result)
 
 
@@ -141,8 +176,10 @@ def _use_assigned_cpus() -> None:
 
 
 def mark(checkpoint: tune.Checkpoint, result: Mapping[str, Any]) -> None:
-    """Write into a persisted checkpoint the result it came with (Tune's bookkeeping left out)."""
-    checkpoint.set_metadata({REPORTED: {k: v for k, v in result.items() if k not in BOOKKEEPING}})
+    """Write into a checkpoint the result it comes with (Tune's bookkeeping left out) and the
+    size of each of its files."""
+    checkpoint.set_metadata({REPORTED: {k: v for k, v in result.items() if k not in BOOKKEEPING},
+                             FILES: _file_sizes(checkpoint)})
 
 
 def unmark(checkpoint: tune.Checkpoint) -> None:
@@ -152,7 +189,8 @@ def unmark(checkpoint: tune.Checkpoint) -> None:
 
 def marked_checkpoints(folder: str) -> list[tuple[tune.Checkpoint, dict[str, Any]]]:
     """The checkpoints in a trial's folder that carry a mark, with the result each was marked
-    with (a mark that cannot be read, e.g. half written, counts as none)."""
+    with. A mark that cannot be read (e.g. half written) counts as none, and so does one whose
+    checkpoint lacks a file it lists or holds it at another size (a copy cut short)."""
     fs, path = _filesystem(folder)
     try:
         infos = fs.get_file_info(pyarrow.fs.FileSelector(path, allow_not_found=True))
@@ -163,13 +201,31 @@ def marked_checkpoints(folder: str) -> list[tuple[tune.Checkpoint, dict[str, Any
         if info.type != pyarrow.fs.FileType.Directory or not info.base_name.startswith("checkpoint_"):
             continue
         checkpoint = tune.Checkpoint(info.path, filesystem=fs)
-        try:
-            record = checkpoint.get_metadata().get(REPORTED)
-        except (OSError, ValueError, AttributeError):
-            continue
-        if isinstance(record, dict) and isinstance(record.get("epoch"), int | float):
+        record = _mark_of(checkpoint)
+        if record is not None:
             found.append((checkpoint, record))
     return found
+
+
+def _mark_of(checkpoint: tune.Checkpoint) -> dict[str, Any] | None:
+    """The result a whole checkpoint was marked with; ``None`` when unmarked or not whole."""
+    try:
+        metadata = checkpoint.get_metadata()
+        record, files = metadata.get(REPORTED), metadata.get(FILES)
+        whole = files is None or files == _file_sizes(checkpoint)  # None: marked by the driver
+    except (OSError, ValueError, AttributeError):
+        return None
+    if whole and isinstance(record, dict) and isinstance(record.get("epoch"), int | float):
+        return record
+    return None
+
+
+def _file_sizes(checkpoint: tune.Checkpoint) -> dict[str, int]:
+    """Each file of a checkpoint (its path inside it) and its size; the mark itself left out."""
+    fs, root = checkpoint.filesystem, checkpoint.path.rstrip("/")
+    infos = fs.get_file_info(pyarrow.fs.FileSelector(root, recursive=True))
+    return {info.path[len(root) + 1:]: info.size for info in infos
+            if info.type == pyarrow.fs.FileType.File and info.base_name != METADATA_FILE}
 
 
 def _filesystem(uri: str) -> tuple[pyarrow.fs.FileSystem, str]:

@@ -12,7 +12,9 @@ share the cluster; each run trains the full budget with ``eval.test=true`` and t
 analyses. The seeds (1000, 1001, ...) are never those of the search trials.
 
 An interrupted Tuner is continued with ``Tuner.restore``: finished trials are kept, unfinished ones
-resume from their last checkpoint, and the MLflow callback finds their runs again. A Tuner
+resume from their last checkpoint, and the MLflow callback finds their runs again. A trial that
+failed around its training (a lost worker or node, every retry) stops the phase
+(:class:`~studies.signals.StudyIncomplete`); continued, it resumes from its last checkpoint. A Tuner
 interrupted before Tune first saved it whole (before its first save, or while Ray copied the
 saved state to the storage) is started over (:func:`saved_by_tune`).
 """
@@ -22,30 +24,35 @@ from __future__ import annotations
 import functools
 import logging
 import shutil
+import signal
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ray import tune
-from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
 from studies.frameworks.optuna import GridOnceSampler
 from studies.frameworks.tune import (
+    EpochCsvLogger,
+    EpochJsonLogger,
     labelled_trainable,
+    newest_searcher_state,
     quiet_retried_syncs,
     saved_by_tune,
+    sigint_handler_restored,
     trial_error,
 )
 from studies.labels import trial_label
 from studies.progress import DONE, INTERVAL_S, RUNNING, WAITING, Progress, TrialView, say_now
 from studies.samplers import SpreadThenTPESampler
-from studies.searcher import StudySearcher
+from studies.searcher import StudySearcher, read_state
 from studies.session import Interrupted, Session
+from studies.signals import StudyIncomplete
 from studies.space import ConditionalSpace, grid_points
 from studies.tracking import PARENT_TAG, MlflowTrialCallback, error_line
-from studies.trainable import MarkReported, TrialJob, run_trial
+from studies.trainable import MarkReported, TrialJob, failed_in_training, run_trial
 from studies.trials import KEY, TrialSpec, spec_of
 
 log = logging.getLogger(__name__)
@@ -59,6 +66,7 @@ class TrialRecord:
     spec: TrialSpec  # what the trial trained
     metrics: dict[str, Any]  # the last reported result
     error: str  # the one-line cause of a failure, '' if none
+    own_failure: bool = True  # a failure raised by its training (not a lost worker, say)
 
     @property
     def condition(self) -> str:
@@ -214,9 +222,14 @@ def run_tuner(
     ended_before: set[str] = set()
     if tune.Tuner.can_restore(path):
         log.info("continuing the Tune experiment %s", path)
+        state = newest_searcher_state(Path(path))
+        if state is not None:
+            read_state(state)  # one line naming it if it is not the JSON a searcher writes
         ended_before = ended_in_saved_state(path)
+        # A trial that failed is continued from its last checkpoint: one whose training failed
+        # fails again where it did; one lost around it (a worker, a node) gets its retry.
         tuner = tune.Tuner.restore(path, trainable, param_space=param_space,
-                                   resume_unfinished=True, resume_errored=False)
+                                   resume_unfinished=True, resume_errored=True)
     else:
         callback = MlflowTrialCallback(
             session.tracker, session.parent_id,
@@ -234,14 +247,15 @@ def run_tuner(
             # is recorded (studies.trainable).
             callbacks=[MarkReported(), callback,
                        progress_callback(session, job.phase, conditions, title, expected),
-                       JsonLoggerCallback(), CSVLoggerCallback()],
+                       EpochJsonLogger(), EpochCsvLogger()],
             verbose=session.verbose,
         )
         tuner = tune.Tuner(trainable, param_space=param_space, tune_config=tune_config,
                            run_config=run_config)
     quiet_retried_syncs()
     session.check_stop()
-    grid = tuner.fit()
+    with sigint_handler_restored(lambda: session.stops.note(signal.SIGINT)):
+        grid = tuner.fit()
     session.check_stop()  # Tune stopped on a stop signal and returned normally
     ended = [r for r in grid if r.error is not None or (r.metrics or {}).get("done")
              or (r.metrics or {}).get("trial_id") in ended_before]
@@ -253,7 +267,15 @@ def run_tuner(
     configs = {}
     if any(result.config is None for result in grid):  # a trial failed before its first result
         configs = {str(t.path): t.config for t in tune.ExperimentAnalysis(path).trials}
-    return [_record(result, configs) for result in grid]
+    records = [_record(result, configs) for result in grid]
+    lost = [r for r in records if r.error and not r.own_failure]
+    if lost:  # the phase is not done: run again, these trials continue from their checkpoints
+        first = lost[0]
+        raise StudyIncomplete(
+            f"{len(lost)} trial(s) of {title} failed outside their training (trial "
+            f"{first.trial_id} [{first.spec.name}]: {first.error}); run the same command again "
+            "to continue them")
+    return records
 
 
 def _record(result: Any, configs: Mapping[str, dict[str, Any]]) -> TrialRecord:
@@ -263,7 +285,8 @@ def _record(result: Any, configs: Mapping[str, dict[str, Any]]) -> TrialRecord:
     trial_id = metrics.get("trial_id") or Path(str(result.path)).name
     error = error_line(result.error) if result.error is not None else ""
     config = result.config or configs[str(result.path)]
-    return TrialRecord(str(trial_id), spec_of(config), metrics, error)
+    return TrialRecord(str(trial_id), spec_of(config), metrics, error,
+                       own_failure=failed_in_training(result.error))
 
 
 def progress_callback(session: Session, phase: str, conditions: tuple[str, ...], title: str,

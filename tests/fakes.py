@@ -17,6 +17,7 @@ import json
 import math
 import os
 import random
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -49,6 +50,9 @@ class FakeFit:
         count_builds: with ``record_dir``, record how many configs the process built
             (:class:`ConfigBuilds`) between unpickling this fake (in a Ray worker: before the
             trial's function runs) and the call.
+        crash_dir, crashes: a config matching ``fail_on`` ends its process abruptly at
+            ``fail_epoch`` instead of raising (a lost worker), as long as ``crash_dir`` holds
+            fewer than ``crashes`` files; each crash adds one.
     """
 
     epoch_seconds: float = 0.0
@@ -59,6 +63,8 @@ class FakeFit:
     gate: str | None = None
     hold_after: int = 0
     count_builds: bool = False
+    crash_dir: str | None = None
+    crashes: int = 0
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -82,7 +88,13 @@ class FakeFit:
         logs = _logged_terms(config)
         for epoch in range(start, config.epochs):
             if failing and epoch + 1 == self.fail_epoch:
-                raise TrainingError(f"non-finite loss at epoch {epoch + 1} (fake)")
+                if self.crash_dir is None:
+                    raise TrainingError(f"non-finite loss at epoch {epoch + 1} (fake)")
+                crashed = Path(self.crash_dir)
+                crashed.mkdir(parents=True, exist_ok=True)
+                if len(list(crashed.iterdir())) < self.crashes:
+                    (crashed / f"{os.getpid()}-{time.time_ns()}").touch()
+                    os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer, or a node lost
             while self.gate and epoch >= self.hold_after and not (Path(self.gate) / "go").exists():
                 time.sleep(0.05)  # held by the test, not timed
             time.sleep(self.epoch_seconds)
@@ -163,6 +175,33 @@ class FakeFit:
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(data))
         tmp.replace(path)
+
+
+@dataclass(frozen=True)
+class CountingFit:
+    """The real ``icr.train.fit``, each call recorded as :class:`FakeFit` records it: the epoch
+    it continued after, the epochs it reported and their training steps (``record_dir``)."""
+
+    record_dir: str
+
+    def __call__(self, config: ExperimentConfig, reporter: Any = None,
+                 resume_from: Path | str | None = None, **kwargs: Any) -> FitResult:
+        from icr.train import fit
+
+        directory = Path(self.record_dir)
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"{os.getpid()}-{time.time_ns()}.json"
+        FakeFit._record(path, run_dir=str(kwargs.get("run_dir", "")), epochs_run=0, steps=[])
+
+        def counted(report: EpochReport) -> None:
+            if reporter is not None:
+                reporter(report)
+            done = json.loads(path.read_text())
+            FakeFit._record(path, resumed_after=done.get("resumed_after", report.epoch - 1),
+                            epochs_run=done["epochs_run"] + 1,
+                            steps=done["steps"] + [row["step"] for row in report.trajectory])
+
+        return fit(config, counted, resume_from, **kwargs)
 
 
 class ConfigBuilds:

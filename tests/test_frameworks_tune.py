@@ -3,6 +3,7 @@ experiment whose saved state was cut short is not taken for a saved one."""
 
 from __future__ import annotations
 
+import json
 import logging
 import pickle
 from pathlib import Path
@@ -94,8 +95,10 @@ def saved_experiment(folder: Path, searcher: bool) -> list[Path]:
     (folder / "experiment_state-2026-11-25_22-57-40.json").write_text('{"trial_data": []}')
     names = (["search_gen_state-2026-11-25_22-57-40.json", "searcher-state-2026-11-25_22-57-40.pkl"]
              if searcher else ["basic-variant-state-2026-11-25_22-57-40.json"])
-    for name in names:
-        (folder / name).write_bytes(pickle.dumps({"counter": 4, "live_trials": {"631e9b45"}}))
+    for name in names:  # Tune's own pickled; the searcher's (studies.searcher) JSON
+        (folder / name).write_bytes(
+            json.dumps({"format": "x", "trials": []}).encode() if name.startswith("searcher-")
+            else pickle.dumps({"counter": 4, "live_trials": {"631e9b45"}}))
     return [folder / name for name in names]
 
 
@@ -116,3 +119,52 @@ def test_an_experiment_counts_as_saved_only_with_every_state_file_whole(tmp_path
 def test_an_experiment_with_only_tuner_pkl_is_not_saved(tmp_path) -> None:
     (tmp_path / "tuner.pkl").write_bytes(pickle.dumps({"tuner": 1}))
     assert not saved_by_tune(tmp_path)
+
+
+def test_a_checkpoint_copy_cut_short_is_not_taken_for_a_marked_one(tmp_path) -> None:
+    """A trial marks its checkpoint (the result and the size of each file) before Tune copies
+    it to storage; a driver killed during the copy leaves the mark without all the files."""
+    from ray import tune
+
+    from studies.trainable import mark, marked_checkpoints
+
+    trial = tmp_path / "trial"
+    for epoch, name in enumerate(("checkpoint_000000", "checkpoint_000001"), start=1):
+        folder = trial / name
+        (folder / "model").mkdir(parents=True)
+        (folder / "model" / "weights.pt").write_bytes(b"w" * 100 * epoch)
+        (folder / "state.json").write_text(json.dumps({"epoch": epoch}))
+        mark(tune.Checkpoint.from_directory(str(folder)), {"epoch": epoch, "training_iteration": 9})
+    found = {Path(c.path).name: record for c, record in marked_checkpoints(str(trial))}
+    assert found == {"checkpoint_000000": {"epoch": 1}, "checkpoint_000001": {"epoch": 2}}
+    (trial / "checkpoint_000001" / "model" / "weights.pt").write_bytes(b"w" * 150)  # cut short
+    assert [Path(c.path).name for c, _ in marked_checkpoints(str(trial))] == ["checkpoint_000000"]
+    (trial / "checkpoint_000000" / "state.json").unlink()  # a file not copied yet
+    assert marked_checkpoints(str(trial)) == []
+
+
+class Planted:
+    """What a stranger with write access to the storage could put in a state file: unpickled,
+    it makes a folder (any code would run the same way)."""
+
+    def __init__(self, flag: Path) -> None:
+        self.flag = flag
+
+    def __reduce__(self):
+        import os
+
+        return os.mkdir, (str(self.flag),)
+
+
+@pytest.mark.parametrize("name", ["searcher-state-2026-11-25_22-57-40.pkl",
+                                  "search_gen_state-2026-11-25_22-57-40.json",
+                                  "basic-variant-state-2026-11-25_22-57-40.json"])
+def test_checking_an_experiment_s_state_files_executes_none_of_them(tmp_path, name) -> None:
+    """The check that Tune saved an experiment whole loaded each state file with pickle.load,
+    running whatever a file from the storage (which may be a shared bucket) asked."""
+    folder = tmp_path / "experiment"
+    saved_experiment(folder, searcher=not name.startswith("basic-"))
+    flag = tmp_path / "executed"
+    (folder / name).write_bytes(pickle.dumps(Planted(flag)))
+    saved_by_tune(folder)
+    assert not flag.exists()

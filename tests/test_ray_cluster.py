@@ -106,35 +106,54 @@ def _sleeper(env: dict[str, str], *args: str) -> subprocess.Popen:
     return proc
 
 
+LAUNCHING_DRIVER = """
+import os, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"],
+                         env={**os.environ, sys.argv[1]: sys.argv[2]}, stdout=subprocess.PIPE, text=True)
+child.stdout.readline()
+print(child.pid, flush=True)
+time.sleep(600)
+"""
+
+
 def test_a_recorded_instance_stops_exactly_its_own_processes(tmp_path: Path) -> None:
-    folder = tmp_path / f"{launcher.TEMP_PREFIX}test"
-    folder.mkdir()
-    sleeper = _sleeper({**os.environ, processes.MARKER: "m1"})  # inherited the marker
+    record = tmp_path / "ray-instance.json"
+    marker = launcher.new_marker(records.owner_of(record))
+    folder = launcher._new_temp_dir(marker)  # made for the instance
+    # A driver whose launcher (its child) carries the marker.
+    driver = subprocess.Popen([sys.executable, "-c", LAUNCHING_DRIVER, processes.MARKER, marker],
+                              stdout=subprocess.PIPE, text=True)
+    launched = int(driver.stdout.readline())
+    launched_at = processes.describe([launched])[0]["create_time"]
     agent = _sleeper(dict(os.environ), str(folder / "agent.log"))  # blank env, a log file open
     stranger = _sleeper({**os.environ, processes.MARKER: "other"})
     try:
-        record = tmp_path / "ray-instance.json"
-        live_driver = processes.describe([stranger.pid])[0]
-        processes.write_record(record, {"marker": "m1", "temp_dir": str(folder),
-                                        "launcher": {"pid": sleeper.pid}, "driver": live_driver})
-        with pytest.raises(UserError, match=f"running driver .PID {stranger.pid}"):
+        live_driver = processes.describe([driver.pid])[0]
+        processes.write_record(record, {"marker": marker, "temp_dir": str(folder),
+                                        "launcher": {"pid": launched}, "driver": live_driver})
+        with pytest.raises(UserError, match=f"running driver .PID {driver.pid}"):
             records.stop_recorded_instance(record)
-        assert sleeper.poll() is None and agent.poll() is None
+        assert processes.alive(launched, launched_at) and agent.poll() is None
 
-        # The driver's PID now belongs to another process (reused): the driver is gone.
-        processes.write_record(record, {"marker": "m1", "temp_dir": str(folder),
-                                        "launcher": {"pid": sleeper.pid},
-                                        "driver": {**live_driver, "create_time": 0.0}})
+        # A record that names a running driver whose child is not the instance's proves nothing.
+        stranger_driver = processes.describe([stranger.pid])[0]
+        processes.write_record(record, {"marker": marker, "temp_dir": str(folder),
+                                        "launcher": {"pid": launched}, "driver": stranger_driver})
+        driver.kill()  # the driver dies; its launcher and the agent are left
+        driver.wait()
         stopped = records.stop_recorded_instance(record)
-        assert sorted(stopped) == sorted([sleeper.pid, agent.pid])
-        assert sleeper.wait(timeout=30) is not None and agent.wait(timeout=30) is not None
+        assert sorted(stopped) == sorted([launched, agent.pid])
+        assert agent.wait(timeout=30) is not None and not processes.alive(launched, launched_at)
         assert stranger.poll() is None
         assert not record.exists() and not folder.exists()
         assert records.stop_recorded_instance(record) == []  # nothing recorded: nothing to do
     finally:
-        for proc in (sleeper, agent, stranger):
+        for proc in (driver, agent, stranger):
             proc.kill()
             proc.wait()
+        if processes.alive(launched, launched_at):
+            os.kill(launched, signal.SIGKILL)
+        launcher.remove_temp_dir(folder)
 
 
 # --- a `ray start` that gives up ----------------------------------------------------------------

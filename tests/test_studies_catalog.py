@@ -228,6 +228,45 @@ def test_the_searcher_is_saved_and_restored_with_its_trials(tmp_path: Path) -> N
     assert [t.state.name for t in restored.study.get_trials()] == ["COMPLETE", "COMPLETE"]
 
 
+class Planted:
+    """Unpickled, it makes a folder: what a stranger could put in a searcher state on storage."""
+
+    def __init__(self, flag: Path) -> None:
+        self.flag = flag
+
+    def __reduce__(self):
+        import os
+
+        return os.mkdir, (str(self.flag),)
+
+
+def test_a_searcher_state_is_read_as_data_never_executed(tmp_path: Path) -> None:
+    """The searcher's state was read back with pickle.load from the study's storage, which may
+    be a shared bucket: a file put there ran its code in the driver."""
+    import pickle
+
+    import optuna
+
+    from studies.space import Domain
+
+    base = {"objective.name": "lagrangian", "decoder.name": "ltd"}
+    space = ConditionalSpace(base, (Domain("objective.eta", "uniform", (0.05, 0.3)),))
+    searcher = StudySearcher(space, functools.partial(TrialSpec.resolve, "lag", base),
+                             metric="val_rsum", mode="max", max_t=4,
+                             sampler=optuna.samplers.RandomSampler(seed=0))
+    state = tmp_path / "searcher-state.pkl"
+    flag = tmp_path / "executed"
+    state.write_bytes(pickle.dumps(Planted(flag)))
+    with pytest.raises(UserError) as error:
+        searcher.restore(str(state))
+    assert not flag.exists()
+    message = str(error.value)
+    assert "\n" not in message and str(state) in message and "--fresh" in message
+    searcher.suggest("a")
+    searcher.save(str(state))
+    assert json.loads(state.read_text())["tune_trials"] == {"a": 0}  # data, as it says
+
+
 def _record(tid: str, score: float, epochs: int, error: bool = False) -> TrialRecord:
     eta = score / 1000 if score == score else 0.2  # a NaN score (a diverged trial) drew 0.2
     spec = TrialSpec.resolve("lag", {}, {"objective.eta": eta})

@@ -7,14 +7,21 @@ Each run here is refused before Ray starts: ``ray.is_initialized()`` stays false
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import ray
 
 from icr.errors import UserError
-from studies import processes, records
+from studies import launcher, processes, records
 from studies.pipeline import Backend
 from studies.run import main
 from studies.session import DriverLock
@@ -105,38 +112,97 @@ def test_a_record_that_names_no_process_is_removed_when_no_instance_runs(
     monkeypatch.setattr(processes, "instance_markers", lambda: {}, raising=False)
     assert records.stop_recorded_instance(record) == []
     assert not record.exists()
-    assert f"removed the unreadable Ray instance record {record}" in caplog.text
+    assert f"the Ray instance record {record} was unreadable or incomplete" in caplog.text
 
 
-def test_a_record_that_names_no_process_is_refused_with_what_to_do_while_instances_run(
-        tmp_path: Path, monkeypatch) -> None:
+SLEEPER = "import sys, time\nheld = open(sys.argv[1], 'w') if len(sys.argv) > 1 else None\n" \
+          "print('up', flush=True)\ntime.sleep(600)\n"
+
+
+@contextlib.contextmanager
+def sleeper(marker: str | None = None, holding: Path | None = None) -> Iterator[subprocess.Popen]:
+    """A process of this user that sleeps, with ``MARKER=marker`` in its environment and the
+    file ``holding`` open, if given."""
+    env = {k: v for k, v in os.environ.items() if k != processes.MARKER}
+    env.update({processes.MARKER: marker} if marker else {})
+    proc = subprocess.Popen([sys.executable, "-c", SLEEPER, *([str(holding)] if holding else [])],
+                            env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "up"
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_damaged_record_never_names_or_stops_another_study_s_processes(
+        tmp_path: Path, caplog) -> None:
+    """With a `{}` or garbage record in workspace A while a study ran in workspace B, the
+    refusal named B's live Ray processes and suggested `kill -TERM` for them."""
+    record = tmp_path / "a" / "locks" / "fake.ray.json"
+    record.parent.mkdir(parents=True)
+    record.write_text("garbage {")
+    with sleeper("b0b0b0b0b0b0b0b0-0123") as b:  # a Ray process of B's study
+        assert records.stop_recorded_instance(record) == []
+        assert b.poll() is None and str(b.pid) not in caplog.text
+    assert not record.exists() and "not JSON" in caplog.text
+
+
+def test_a_damaged_record_stops_what_this_study_s_instances_left(tmp_path: Path) -> None:
+    record = tmp_path / "a" / "locks" / "fake.ray.json"
+    record.parent.mkdir(parents=True)
+    record.write_text("{}")
+    with sleeper(launcher.new_marker(records.owner_of(record))) as leftover, \
+            sleeper("b0b0b0b0b0b0b0b0-0123") as other:
+        assert records.stop_recorded_instance(record) == [leftover.pid]
+        assert leftover.wait(timeout=30) is not None and other.poll() is None
+    assert not record.exists()
+
+
+def test_a_record_never_stops_a_process_or_deletes_a_folder_it_cannot_prove_its_own(
+        tmp_path: Path, caplog) -> None:
+    """A forged record whose temp_dir named an `icr-ray-*` folder made the driver kill an
+    unrelated `sleep 600` that held a file open there, and delete the folder, saying nothing."""
+    folder = Path(tempfile.mkdtemp(prefix=launcher.TEMP_PREFIX))
     record = tmp_path / "locks" / "fake.ray.json"
     record.parent.mkdir()
-    record.write_text("garbage {")
-    monkeypatch.setattr(processes, "instance_markers", lambda: {"m": [11, 12]}, raising=False)
-    with pytest.raises(UserError) as error:
-        records.stop_recorded_instance(record)
-    message = str(error.value)
-    assert "\n" not in message and str(record) in message and "not JSON" in message
-    assert "PIDs 11 12" in message and "removing the record is safe if none of them" in message
-    assert f"rm {record}" in message and record.exists()
-
-
-def test_an_incomplete_record_stops_what_it_still_names(tmp_path: Path, caplog) -> None:
-    import subprocess
-    import sys
-
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     try:
-        entry = processes.describe([sleeper.pid])[0]
-        record = tmp_path / "fake.ray.json"
-        record.write_text(json.dumps({"processes": [entry]}))  # no marker, driver, launcher
-        assert records.stop_recorded_instance(record) == [sleeper.pid]
-        assert sleeper.wait(timeout=30) is not None
-        assert not record.exists() and "was incomplete" in caplog.text
+        with sleeper(holding=folder / "held.log") as held, sleeper("another-study") as other, \
+                sleeper() as listed:
+            for foreign in (True, False):  # another study's marker, then this one's: neither's folder
+                marker = "another-study" if foreign else f"{records.owner_of(record)}-89ab"
+                processes.write_record(record, {
+                    "marker": marker, "temp_dir": str(folder),
+                    "launcher": processes.describe([other.pid])[0], "driver": {},
+                    "processes": processes.describe([held.pid, other.pid, listed.pid])})
+                assert records.stop_recorded_instance(record) == []
+                assert held.poll() is None and other.poll() is None and listed.poll() is None
+                assert folder.is_dir() and not record.exists()
+                warning = caplog.text.splitlines()[-1]
+                assert f"the folder {folder} (not one this study made)" in warning
+                assert ("the Ray instance another-study" in warning) == foreign
+                for proc in (held, other, listed):
+                    assert f"{proc.pid} (python" in warning
+                caplog.clear()
     finally:
-        sleeper.kill()
-        sleeper.wait()
+        shutil.rmtree(folder)
+
+
+def test_a_record_s_own_instance_is_stopped_with_its_folder(tmp_path: Path) -> None:
+    """What the record proves its own (the marker of this study, the folder made for it, the
+    processes with a file open there) is stopped and removed; the rest is not touched."""
+    record = tmp_path / "locks" / "fake.ray.json"
+    record.parent.mkdir()
+    marker = launcher.new_marker(records.owner_of(record))
+    folder = launcher._new_temp_dir(marker)
+    with sleeper(marker) as member, sleeper(holding=folder / "agent.log") as agent, \
+            sleeper() as stranger:
+        processes.write_record(record, {
+            "marker": marker, "temp_dir": str(folder), "launcher": {}, "driver": {},
+            "processes": processes.describe([member.pid, agent.pid])})
+        assert sorted(records.stop_recorded_instance(record)) == sorted([member.pid, agent.pid])
+        assert member.wait(timeout=30) is not None and agent.wait(timeout=30) is not None
+        assert stranger.poll() is None and not folder.exists() and not record.exists()
 
 
 def test_a_record_never_names_a_folder_outside_ray_s_own(tmp_path: Path, monkeypatch) -> None:
@@ -224,3 +290,40 @@ def test_a_store_another_study_is_writing_is_not_called_damaged(tmp_path: Path) 
     finally:
         writer.execute("ROLLBACK")
         writer.close()
+
+
+KILLED_WRITER = """
+import sqlite3, sys, time
+con = sqlite3.connect(sys.argv[1], isolation_level=None)
+con.execute("PRAGMA cache_size=1")  # the transaction's pages go to the file: the journal is hot
+con.execute("BEGIN")
+for _ in range(20):
+    con.execute("UPDATE metrics SET value = value + 1")
+print("writing", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_store_whose_writer_was_killed_mid_transaction_is_not_called_damaged(tmp_path: Path) -> None:
+    """A driver killed by SIGKILL while MLflow wrote left a hot journal beside mlflow.db; the
+    next run's read-only check could not roll it back ("attempt to write a readonly
+    database") and called the store damaged (found by the chaos test)."""
+    import signal
+    import sqlite3
+
+    from studies.tracking import Tracker, check_store
+
+    db = tmp_path / "mlflow.db"
+    tracker = Tracker(f"sqlite:///{db}", "fake")
+    run_id = tracker.create_run("r", {"a": "b"})
+    tracker.log_metrics(run_id, {f"m{i}": float(i) for i in range(300)}, step=1)
+    tracker.flush()
+    writer = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(db)], stdout=subprocess.PIPE,
+                              text=True)
+    assert writer.stdout.readline().strip() == "writing"
+    writer.send_signal(signal.SIGKILL)
+    writer.wait()
+    assert (tmp_path / "mlflow.db-journal").stat().st_size > 0
+    check_store(f"sqlite:///{db}")  # no UserError
+    with sqlite3.connect(db) as con:  # the killed transaction was rolled back
+        assert con.execute("SELECT SUM(value) FROM metrics").fetchone()[0] == sum(range(300))

@@ -61,12 +61,16 @@ def child_runs(workspace: Path, experiment: str = "fake") -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def test_fake_study_end_to_end(cluster, tmp_path: Path) -> None:
+def test_fake_study_end_to_end(cluster, tmp_path: Path, capsys) -> None:
     workspace = tmp_path / "ws"
     fit = FakeFit(epoch_seconds=0.1, fail_on=(("train.seed", 1001),))
     rc = main(["fake", "--workspace", str(workspace)], backend=Backend(fit, fake_prepare),
               extra_studies={"fake": fake_study(tmp_path)})
     assert rc == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]  # a run failed: the last line says so
+    assert last.startswith(f"report: {workspace / 'reports' / 'fake'} (2 of 12 runs failed in "
+                           "training: "), last
+    assert "seed=1001: TrainingError: non-finite loss at epoch 2" in last
     run_dir = next((workspace / "ray" / "fake").iterdir())
     state = json.loads((run_dir / "state.json").read_text())
     assert state["phase"] == "done" and set(state["winners"]) == {"contrastive", "lagrangian"}
@@ -533,3 +537,124 @@ def test_a_phase_whose_trials_all_ended_before_the_driver_died_resumes_to_the_en
     assert len(after) == len(before) and after["tune_trial_id"].is_unique
     assert sorted(after[after["phase"] == "confirm"]["tune_trial_id"]) == sorted(
         before[before["phase"] == "confirm"]["tune_trial_id"])
+
+
+def saved_with_checkpoint(experiment: Path, name: str) -> bool:
+    """Whether Tune's saved state of ``experiment`` registers a checkpoint folder ``name`` (Tune
+    keeps a trial's checkpoints pickled, as hex, in the JSON of its state)."""
+    return any(name.encode().hex() in state.read_text()
+               for state in experiment.glob("experiment_state-*.json"))
+
+
+def result_epochs(trial_folder: Path) -> list[int]:
+    """The epochs of the rows of a trial's result.json, in order."""
+    return [json.loads(line)["epoch"] for line in
+            (trial_folder / "result.json").read_text().splitlines() if line.strip()]
+
+
+def test_a_trial_whose_saved_checkpoint_was_superseded_finishes_from_its_newest(
+        cluster, tmp_path: Path) -> None:
+    """SIGKILL of the driver as a confirmation run's last epoch was recorded: Tune's saved state
+    still named the run's first checkpoint, which Tune had deleted when it registered the last
+    one (one checkpoint kept). Restored, the trial failed with "Could not recover from checkpoint
+    as it does not exist on storage anymore", its MLflow run (both epochs recorded) ended FAILED,
+    the table's row had n=1 and the study exited 0; another time result.json got its last row
+    twice. Here the study runs to its end while the state saved after epoch 1 is kept, then
+    that state is put back, as such a kill leaves it."""
+    import threading
+
+    workspace, records, gate = tmp_path / "ws", tmp_path / "records", tmp_path / "gate"
+    gate.mkdir()
+    study = fake_study(tmp_path, budget=2, conditions=("contrastive",))
+    (tmp_path / "space.yaml").write_text("space:\n  loss.tau: 0.05\n")  # nothing searched
+    args = ["fake", "--workspace", str(workspace), "--seeds", "1",
+            "--set", "train.warmup_epochs=1", "train.finetune_epochs=1"]
+    saved: dict[str, bytes] = {}
+    ended = threading.Event()
+
+    def keep_the_state_of_epoch_1() -> None:
+        while not saved and not ended.is_set():
+            for experiment in workspace.glob("ray/fake/*/confirm"):
+                if saved_with_checkpoint(experiment, "checkpoint_000000"):
+                    saved.update({p.name: p.read_bytes() for p in experiment.iterdir()
+                                  if p.is_file()})
+            time.sleep(0.05)  # waits for Tune's save, not for time
+        (gate / "go").touch()
+
+    watcher = threading.Thread(target=keep_the_state_of_epoch_1)
+    watcher.start()
+    fit = FakeFit(epoch_seconds=0.05, record_dir=str(records), gate=str(gate), hold_after=1)
+    try:
+        assert main(args, backend=Backend(fit, fake_prepare), extra_studies={"fake": study}) == 0
+    finally:
+        ended.set()
+        watcher.join()
+    assert saved, "Tune never saved the state of epoch 1"
+    (experiment,) = workspace.glob("ray/fake/*/confirm")
+    (trial,) = (p for p in experiment.iterdir() if p.is_dir())
+    assert [p.name for p in trial.glob("checkpoint_*")] == ["checkpoint_000001"]
+    for path in experiment.iterdir():  # Tune's state as the kill left it: from after epoch 1
+        if path.is_file():
+            path.unlink()
+    for name, data in saved.items():
+        (experiment / name).write_bytes(data)
+    state_file = experiment.parent / "state.json"
+    state_file.write_text(json.dumps({**json.loads(state_file.read_text()), "phase": "confirm"}))
+    calls = set(records.glob("*.json"))
+
+    assert main(args, backend=Backend(fit, fake_prepare), extra_studies={"fake": study}) == 0
+    (run,) = child_runs(workspace).query("phase == 'confirm'").itertuples()
+    assert run.status == "FINISHED" and run.steps == [1, 2]
+    assert result_epochs(trial) == [1, 2]  # no row twice
+    assert set(records.glob("*.json")) == calls  # it had ended: nothing trained again
+    assert "did not finish" not in (workspace / "reports" / "fake" / "table1.md").read_text()
+
+
+def test_a_run_lost_outside_its_training_stops_the_study_until_it_is_run_again(
+        cluster, tmp_path: Path, capsys) -> None:
+    """A study exits 0 with fewer runs than planned only when a run failed in its own training
+    (a diverging loss); a run whose worker was lost, every retry, left a report with n=1 and
+    exit 0. Now that run stops the study (one line, exit 1) and the same command continues it."""
+    workspace = tmp_path / "ws"
+    study = fake_study(tmp_path, budget=2, conditions=("contrastive",))
+    (tmp_path / "space.yaml").write_text("space:\n  loss.tau: 0.05\n")  # nothing searched
+    args = ["fake", "--workspace", str(workspace), "--seeds", "2",
+            "--set", "train.warmup_epochs=1", "train.finetune_epochs=1"]
+    # Its worker dies at epoch 2, on the first try and on Tune's retry (max_failures=1).
+    fit = FakeFit(epoch_seconds=0.05, fail_on=(("train.seed", 1000),),
+                  crash_dir=str(tmp_path / "crashes"), crashes=2)
+    assert main(args, backend=Backend(fit, fake_prepare), extra_studies={"fake": study}) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: 1 trial(s) of confirm failed outside their training (trial ")
+    assert "[contrastive seed=1000]" in err[-1] and err[-1].endswith(
+        "run the same command again to continue them")
+    assert not (workspace / "reports" / "fake").exists()
+
+    assert main(args, backend=Backend(fit, fake_prepare), extra_studies={"fake": study}) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == \
+        f"report: {workspace / 'reports' / 'fake'}"
+    runs = child_runs(workspace)
+    assert len(runs) == 2 and (runs["status"] == "FINISHED").all()
+    assert all(steps == [1, 2] for steps in runs["steps"])
+
+
+def test_ctrl_c_between_two_tuners_stops_the_study(cluster, tmp_path: Path) -> None:
+    """Tune leaves its SIGINT handler installed when fit returns: a Ctrl-C as the confirmation
+    began went to the finished search's handler, which stopped nothing, and the study ran to its
+    end with exit code 0 (found by the chaos test)."""
+    from studies.pipeline import run_study
+    from studies.plan import Options, StudyPlan
+    from studies.signals import Interrupted, StopSignals
+
+    study = fake_study(tmp_path, budget=2, conditions=("lagrangian",))
+    plan = StudyPlan.build(study, Options(workspace=str(tmp_path / "ws"), seeds=1))
+
+    def say(line: str) -> None:
+        if line.startswith("confirm: ") and " winner(s) " in line:
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C as the confirmation begins
+
+    with StopSignals() as stops, pytest.raises((Interrupted, KeyboardInterrupt)):
+        run_study(plan, Backend(FakeFit(epoch_seconds=0.05), fake_prepare), say=say)
+    assert stops.received == signal.SIGINT
+    (state,) = (tmp_path / "ws").glob("ray/fake/*/state.json")
+    assert json.loads(state.read_text())["phase"] == "confirm"  # continued by the next run

@@ -2,31 +2,49 @@
 with Ray Tune 2.60.0).
 
 - :func:`labelled_trainable`: Tune's function-trainable class, subclassed so that the
-  dashboard names each trial's actor;
+  dashboard names each trial's actor and a trial whose saved checkpoint is gone starts without it;
+- :data:`METADATA_FILE`: the file in which a checkpoint keeps its metadata;
+- :class:`EpochJsonLogger`, :class:`EpochCsvLogger`: Tune's result files, each epoch once (they
+  use the loggers' own record of open files);
 - :data:`BOOKKEEPING`: the keys Tune adds to every result (not metrics of the trial);
-- :func:`saved_by_tune`: the files in which Tune saves an experiment, and whether they are whole;
+- :func:`saved_by_tune`: the files in which Tune saves an experiment, and whether they are whole
+  (read without executing them); :func:`newest_searcher_state`: the one a restore reads;
 - :func:`trial_folder`: how Tune names a trial's folder in the experiment;
 - :func:`trial_error`: where Tune writes a failed trial's error before it syncs it;
-- :func:`quiet_retried_syncs`: the logger and the text of one harmless warning of Tune's syncer.
+- :func:`quiet_retried_syncs`: the logger and the text of one harmless warning of Tune's syncer;
+- :func:`sigint_handler_restored`: Tune's SIGINT handler, left installed after ``fit``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import csv
+import json
 import logging
+import os
 import pickle
-from collections.abc import Callable
+import pickletools
+import signal
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow.fs
 import ray
 from ray import tune
+from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
 from studies.frameworks import reaching
+
+log = logging.getLogger(__name__)
 
 TESTED_VERSION = "2.60.0"
 # Set in a result that came with a checkpoint (the checkpoint's folder name).
 CHECKPOINT_DIR = "checkpoint_dir_name"
+RESULT_FILE, PROGRESS_FILE = "result.json", "progress.csv"  # a trial's results, as Tune logs them
+SEARCHER_STATE = "searcher-state-*.pkl"  # Searcher.save_to_dir's name (ours holds JSON)
+PICKLED = pickle.PROTO  # the first byte of a pickle (protocol 2 or later, as Tune writes them)
 # The logger of Tune's background copies of the experiment to its storage.
 SYNCER_LOGGER = "ray.train._internal.syncer"
 
@@ -44,9 +62,18 @@ def _bookkeeping() -> frozenset[str]:
 BOOKKEEPING = _bookkeeping()  # the keys Tune adds to a trial's reported metrics
 
 
+def _metadata_file() -> str:
+    with _reaching("ray.train._checkpoint._METADATA_FILE_NAME"):
+        from ray.train._checkpoint import _METADATA_FILE_NAME
+    return _METADATA_FILE_NAME
+
+
+METADATA_FILE = _metadata_file()  # Checkpoint.set_metadata writes this file into the checkpoint
+
+
 def labelled_trainable(fn: Callable[[dict[str, Any]], Any], label: Callable[[str, Any], str]) -> type:
     """The Tune trainable running ``fn`` whose actors show ``label(trial_id, config)`` as their
-    Repr.
+    Repr, and which starts without a checkpoint when the one Tune restores it from is gone.
 
     Ray records ``repr(actor)`` right after an actor starts when its class defines ``__repr__``
     (the dashboard's "Repr" column, ``ray.util.state.list_actors(detail=True)[i].repr_name``,
@@ -54,6 +81,12 @@ def labelled_trainable(fn: Callable[[dict[str, Any]], Any], label: Callable[[str
     The class keeps the function's name (the dashboard's "Class" column), so ``Tuner.restore``
     accepts it for an experiment started with ``fn`` itself. Wrap last:
     ``labelled_trainable(tune.with_resources(tune.with_parameters(fn, ...), resources), label)``.
+
+    Tune's saved state of an experiment can name a checkpoint that Tune has deleted since (it
+    keeps ``num_to_keep`` and saves its state in the background): ``Trainable.restore`` then
+    raises "Could not recover from checkpoint as it does not exist on storage anymore" and the
+    trial fails. Here the trial starts without it (``tune.get_checkpoint()`` is ``None``) and
+    ``fn`` continues from what its folder holds (:func:`studies.trainable.resume_point`).
     """
     with _reaching("ray.tune.trainable.function_trainable.wrap_function"):
         from ray.tune.trainable.function_trainable import wrap_function
@@ -65,8 +98,76 @@ def labelled_trainable(fn: Callable[[dict[str, Any]], Any], label: Callable[[str
         def __repr__(self) -> str:
             return label(self.trial_id, self.config)
 
+        def restore(self, checkpoint_path: Any) -> None:
+            checkpoint = getattr(checkpoint_path, "checkpoint", None)  # Tune's _TrainingResult
+            if checkpoint is not None and not _exists(checkpoint):
+                log.info("trial %s: its saved checkpoint %s is gone; it continues from its "
+                         "newest checkpoint", self.trial_id, checkpoint.path)
+                return
+            super().restore(checkpoint_path)
+
     LabelledTrial.__name__ = LabelledTrial.__qualname__ = name
     return LabelledTrial
+
+
+def _exists(checkpoint: tune.Checkpoint) -> bool:
+    try:
+        info = checkpoint.filesystem.get_file_info(checkpoint.path)
+    except OSError:
+        return False
+    return info.type != pyarrow.fs.FileType.NotFound
+
+
+class _OncePerEpoch:
+    """A result-file logger of Tune that writes each epoch of a trial once.
+
+    A restored trial reports again the result of a checkpoint that Tune's saved state lost
+    (:func:`studies.trainable.resume_point`), which the trial's file may hold already (the
+    driver had logged it before it was killed): Tune's loggers would append it a second time.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._logged: dict[str, float] = {}  # trial id -> the last epoch in its file
+
+    def log_trial_result(self, iteration: int, trial: Any, result: dict) -> None:
+        if trial not in self._trial_files:
+            self.log_trial_start(trial)  # brings the trial's file back from storage
+        if trial.trial_id not in self._logged:
+            self._logged[trial.trial_id] = self._last_epoch(Path(trial.local_path))
+        epoch = result.get("epoch")
+        if isinstance(epoch, int | float) and epoch <= self._logged[trial.trial_id]:
+            return
+        super().log_trial_result(iteration, trial, result)
+        if isinstance(epoch, int | float):
+            self._logged[trial.trial_id] = epoch
+
+    def _last_epoch(self, folder: Path) -> float:
+        raise NotImplementedError
+
+
+class EpochJsonLogger(_OncePerEpoch, JsonLoggerCallback):
+    """Tune's ``result.json`` (what ResultGrid reads), each epoch once."""
+
+    def _last_epoch(self, folder: Path) -> float:
+        last = float("-inf")
+        with contextlib.suppress(OSError):
+            for line in (folder / RESULT_FILE).read_text().splitlines():
+                with contextlib.suppress(ValueError, TypeError, AttributeError):
+                    last = max(last, float(json.loads(line).get("epoch")))
+        return last
+
+
+class EpochCsvLogger(_OncePerEpoch, CSVLoggerCallback):
+    """Tune's ``progress.csv``, each epoch once."""
+
+    def _last_epoch(self, folder: Path) -> float:
+        last = float("-inf")
+        with contextlib.suppress(OSError), open(folder / PROGRESS_FILE, newline="") as f:
+            for row in csv.DictReader(f):
+                with contextlib.suppress(ValueError, TypeError):
+                    last = max(last, float(row.get("epoch")))
+        return last
 
 
 def saved_by_tune(path: Path) -> bool:
@@ -86,19 +187,29 @@ def saved_by_tune(path: Path) -> bool:
     ever: the limiter still counts the trials that were running as live. Such an experiment is
     not saved whole either.
     """
-    saved = ([*path.glob("search_gen_state-*.json"), *path.glob("searcher-state-*.pkl")]
+    saved = ([*path.glob("search_gen_state-*.json"), *path.glob(SEARCHER_STATE)]
              or list(path.glob("basic-variant-state-*.json")))  # a searcher's files, or a grid's
     return any(path.glob("experiment_state-*.json")) and bool(saved) and all(map(_whole, saved))
 
 
+def newest_searcher_state(path: Path) -> Path | None:
+    """The searcher state that ``Tuner.restore`` hands to the searcher (the newest by name)."""
+    return max(path.glob(SEARCHER_STATE), default=None)
+
+
 def _whole(state: Path) -> bool:
-    """Whether a state file Tune pickled loads (a copy cut short does not)."""
+    """Whether a state file was written whole, read without executing anything: the searcher's
+    JSON parses, and a pickle of Tune's runs to its STOP (``pickletools`` reads the opcodes;
+    ``pickle.load`` would run whatever the file asks, and the storage may be a shared bucket).
+    """
     try:
-        with state.open("rb") as f:
-            pickle.load(f)
-    except Exception:  # noqa: BLE001 - any unreadable file is a copy cut short
+        data = state.read_bytes()
+        if not data.startswith(PICKLED):  # the searcher's state (studies.searcher)
+            json.loads(data)
+            return True
+        return any(op.name == "STOP" for op, _, _ in pickletools.genops(data))
+    except (OSError, ValueError):  # cut short: a pickle without its STOP, JSON cut anywhere
         return False
-    return True
 
 
 def trial_folder(experiment: str) -> str:
@@ -119,6 +230,28 @@ def trial_error(trial: Any) -> str | None:
     if path and Path(path).is_file():
         return Path(path).read_text()
     return trial.get_error()
+
+
+@contextlib.contextmanager
+def sigint_handler_restored(on_sigint: Callable[[], None]) -> Iterator[None]:
+    """Run a Tuner's ``fit``, then put back the SIGINT handler it found; ``on_sigint()`` when
+    Tune's own handler took a SIGINT meanwhile.
+
+    Tune 2.60 installs its SIGINT handler when ``fit`` starts (unless TUNE_DISABLE_SIGINT_HANDLER
+    is set, or outside the main thread) and leaves it installed when ``fit`` returns: a Ctrl-C
+    after that (while the next phase started, or the report was written) went to the finished
+    run's handler, which stopped nothing, and was lost. On a SIGINT that handler puts back the
+    handler it found: finding it back means a SIGINT came.
+    """
+    before = signal.getsignal(signal.SIGINT)
+    installs = (not int(os.environ.get("TUNE_DISABLE_SIGINT_HANDLER", "0"))
+                and threading.current_thread() is threading.main_thread())
+    try:
+        yield
+    finally:
+        if installs and signal.getsignal(signal.SIGINT) is before:
+            on_sigint()
+        signal.signal(signal.SIGINT, before)
 
 
 class RetriedSyncFilter(logging.Filter):
