@@ -48,7 +48,7 @@ _WORD = re.compile(r"[A-Za-z]")
 # Literature values for what eccv-caption's files do not hold, with their sources.
 COCO_LITERATURE = {
     "regions": (36.0, "BUTD features (Anderson et al., CVPR 2018), as SCAN/VSRN/VSE-inf use them"),
-    "words": (10.5, "COCO captions' mean length (REFERENCE_NOTES section 8)"),
+    "words": (10.5, "COCO captions' mean length (docs/reference-code.md section 8)"),
     "vocabulary": (9487.0, "Karpathy train split, words seen >= 5 times (neuraltalk2 preprocessing)"),
     "objects": (7.7, "instances per image; 3.5 categories (Lin et al., ECCV 2014, Sec. 5)"),
 }

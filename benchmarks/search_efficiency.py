@@ -30,7 +30,7 @@ from studies.session import DriverLock
 from studies.trainable import TrialJob
 from studies.tuning import TrialRecord, run_tuner, search
 
-GRID = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3)  # the paper's eta grid (REFERENCE_NOTES section 1)
+GRID = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3)  # the paper's eta grid (docs/reference-code.md section 1)
 CONDITION = "lagrangian"
 
 

@@ -1,4 +1,4 @@
-"""Where things live on disk: one workspace directory (DESIGN.md, "Where things live on disk").
+"""Where things live on disk: one workspace directory (docs/architecture.md, "Where things live on disk").
 
 ``<workspace>/data`` generated or linked datasets, ``cache`` latent targets, vocabularies, relevance
 matrices and decoded images, ``mlflow.db`` the tracking store, ``ray`` Tune storage, ``reports``.

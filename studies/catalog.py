@@ -1,4 +1,4 @@
-"""What a study is, and the studies by name (DESIGN.md, "A study").
+"""What a study is, and the studies by name (docs/architecture.md, "A study").
 
 A study is a base config (flat overrides), a search-space file, the conditions it compares (the
 rows of its tables, each a set of fixed overrides), the metric and mode, the ASHA parameters, a

@@ -1,7 +1,7 @@
 """Ensembles in the report step: a condition's confirmation runs evaluated as one model.
 
 VSE-infinity and VSE+2AD report ensembles that average the similarity matrices of several trained
-models (REFERENCE_NOTES section 3). Here the members are a condition's finished confirmation runs
+models (docs/reference-code.md section 3). Here the members are a condition's finished confirmation runs
 (their seeds): each best checkpoint embeds the test split, the matrices are averaged
 (:func:`icr.ensemble.evaluate_ensemble`) and scored with every retrieval metric, and the result is
 logged as its own MLflow child run (phase ``ensemble``) whose tags name its members, so the

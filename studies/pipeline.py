@@ -1,4 +1,4 @@
-"""``studies.run NAME``: prepare -> search -> select -> confirm -> report (DESIGN.md, "A study").
+"""``studies.run NAME``: prepare -> search -> select -> confirm -> report (docs/architecture.md, "A study").
 
 Every phase is resumable: ``state.json`` records the phase reached and the winners; Tune
 experiments are continued with ``Tuner.restore``; MLflow runs are found again by their tags. One

@@ -10,7 +10,7 @@ trials); at the end Optuna is told how the trial ended:
 - COMPLETE with its last score when it reached ``max_t`` epochs;
 - PRUNED when ASHA stopped it earlier (Ray's own ``OptunaSearch`` tells Optuna such a trial
   COMPLETED with its early score, which biases TPE towards configurations that merely start
-  fast, REFERENCE_NOTES section 7);
+  fast, docs/reference-code.md section 7);
 - FAIL when it failed.
 
 Tune's ``Searcher`` (``suggest``, ``on_trial_result``, ``on_trial_complete``, ``save``/``restore``

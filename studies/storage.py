@@ -1,7 +1,7 @@
 """Where Tune keeps a study's experiments, and whether every node of the cluster reaches it.
 
 Ray does not copy trials' folders to the head node: on a cluster of several machines Tune's
-storage must be one every node can reach (REFERENCE_NOTES section 7): ``s3://``, ``gs://``, or a
+storage must be one every node can reach (docs/reference-code.md section 7): ``s3://``, ``gs://``, or a
 network file system mounted on every node. A local path is refused with one line there, before
 anything starts.
 """

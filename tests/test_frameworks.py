@@ -1,6 +1,6 @@
 """Ray, Tune, Optuna and MLflow through their public APIs; their internals only in their adapters.
 
-DESIGN.md: whatever must touch a framework's internals or depends on its version lives in
+docs/architecture.md, "Frameworks": whatever must touch a framework's internals or depends on its version lives in
 ``studies/frameworks/`` (one module per framework, with the version it was tested against).
 This test reads every module of the project (``icr``, ``studies``, ``benchmarks``, ``tests``)
 outside that package and the adapters' own tests (``tests/test_frameworks_*.py``) and finds:

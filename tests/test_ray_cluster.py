@@ -320,7 +320,7 @@ def test_every_socket_is_on_loopback_and_needs_the_token(local) -> None:
         if status is None:  # gRPC: refused without the token
             method = grpc_methods.get(port, "/ray.rpc.CoreWorkerService/NumPendingTasks")
             assert _grpc_code(port, method) == "UNAUTHENTICATED", (port, name, method)
-        elif port in metrics:  # the Prometheus exporters: read-only, loopback (README)
+        elif port in metrics:  # the Prometheus exporters: read-only, loopback (docs/running-studies.md)
             assert status == 200 and "# HELP" in body, (port, name)
         else:  # dashboard, agent, runtime-env agent
             assert status == 401, (port, name, status)

@@ -34,7 +34,7 @@ Every counter summarises a direction ``d`` of one batch as (``COCOS_KEYS``):
 - ``{d}_zero_queries``: C^0, the number of queries with C^q = 0 (Tables 2 and 4);
 - NT-Xent only: ``{d}_negative_weight`` (mean W^{qv-}) and ``{d}_positive_weight`` (mean W^{qv+}).
 
-Where this differs from the ECIR code (``shared/losses.py``; REFERENCE_NOTES section 2), the paper's
+Where this differs from the ECIR code (``shared/losses.py``; docs/reference-code.md section 2), the paper's
 definitions win: the code's SmoothAP t2i counter slices the columns of the wrong queries (captions
 count as zeros), its SmoothAP counter drops the 1/tau of G' (with tau = 0.01, a threshold 100x
 lower here), its triplet t2i counter sums over the wrong axis without max violation, its counters

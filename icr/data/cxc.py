@@ -9,7 +9,7 @@ MS-COCO pairs on a 0-5 scale. Three kinds of file, told apart by their header:
 
 Captions are written ``<prefix>:sentid:<Karpathy sentid>`` (prefix ``COCO_val2014``), images as COCO
 file names. For retrieval, a sits pair whose ``agg_score`` is at or above a threshold (3.0 by
-default) adds a positive beyond the image's own captions (REFERENCE_NOTES.md, section 1).
+default) adds a positive beyond the image's own captions (docs/reference-code.md, section 1).
 """
 
 from __future__ import annotations

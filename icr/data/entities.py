@@ -1,6 +1,6 @@
 """Flickr30K Entities: sentence and box annotations, writers and loaders.
 
-Layout of a root folder (the official ``annotations.zip``; REFERENCE_NOTES.md, section 4):
+Layout of a root folder (the official ``annotations.zip``; docs/reference-code.md, section 4):
 
 - ``Sentences/<image id>.txt``: one caption a line (5), phrases written
   ``[/EN#<chain id>/<type 1>/.../<type n> word ... word]``, e.g.

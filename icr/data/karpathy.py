@@ -1,6 +1,6 @@
 """Karpathy split JSON (``dataset_coco.json``, ``dataset_flickr30k.json``): writer and loader.
 
-Layout (REFERENCE_NOTES.md, section 6)::
+Layout (docs/reference-code.md, section 6)::
 
     {"images": [{"split": "train" | "restval" | "val" | "test",
                  "filename": "COCO_val2014_000000391895.jpg",

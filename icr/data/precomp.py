@@ -1,6 +1,6 @@
 """SCAN / BUTD precomputed region features: writer and loader.
 
-One folder holds, per split (REFERENCE_NOTES.md, section 6):
+One folder holds, per split (docs/reference-code.md, section 6):
 
 - ``{split}_ims.npy``: ``(N, R, D)`` float32 region features (BUTD: R = 36, D = 2048);
 - ``{split}_caps.txt``: one caption a line, ``k`` (5) per image, in image order, UTF-8;

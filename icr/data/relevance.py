@@ -1,7 +1,7 @@
 """Precomputed nDCG relevance matrices (SPICE or any other), stored as ``.npy`` files.
 
 A matrix has shape ``(N_cap, N_img)``: row ``i`` is evaluation caption ``i`` as a query, column
-``j`` is evaluation image ``j``, both in the split's evaluation order (REFERENCE_NOTES.md, section
+``j`` is evaluation image ``j``, both in the split's evaluation order (docs/reference-code.md, section
 5). ROUGE-L matrices are computed in :mod:`icr.metrics.relevance`; this module only reads and writes
 files.
 """

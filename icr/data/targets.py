@@ -1,7 +1,7 @@
 """Latent targets for latent target decoding (LTD): a sentence-transformers embedding per caption.
 
 The LTD decoder reconstructs, from the caption embedding, a fixed sentence embedding of the caption
-(REFERENCE_NOTES.md, section 1). The targets are computed once per (model, normalisation, captions)
+(docs/reference-code.md, section 1). The targets are computed once per (model, normalisation, captions)
 and cached on disk as ``.npy``; a second request with the same inputs loads the file without loading
 the model.
 

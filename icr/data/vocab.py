@@ -1,7 +1,7 @@
 """Caption tokenisation, the word vocabulary, and caption augmentation.
 
 The vocabulary is built from the training split only: the LTD reference builds it from all captions,
-test ones included, which leaks test words into training (REFERENCE_NOTES.md, section 1).
+test ones included, which leaks test words into training (docs/reference-code.md, section 1).
 """
 
 from __future__ import annotations

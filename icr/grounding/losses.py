@@ -28,7 +28,7 @@ def image_infonce_loss(
     word. Images whose ``image_ids`` equal that of the own image (another copy of it in the batch)
     are left out of the denominator: they are not negatives.
 
-    Differences from the info-ground reference code (REFERENCE_NOTES.md section 4): a caption with
+    Differences from the info-ground reference code (docs/reference-code.md section 4): a caption with
     no valid word is left out of the batch mean (the reference counts it, shrinking the loss), and
     the per-caption mean over words replaces Eq. 8's sum, as in the reference.
 

@@ -82,7 +82,7 @@ class WordRegionAttention(nn.Module):
     ``phi(R, w) = v_w(w) . v_att(R, w)``. Each of ``q_w, v_w, k_r, v_r`` is an MLP with one hidden
     layer (Linear, BatchNorm1d, ReLU, Linear; Sec. 2.5, "Query-Key-Value Networks").
 
-    Differences from the info-ground reference code (REFERENCE_NOTES.md section 4): padded regions
+    Differences from the info-ground reference code (docs/reference-code.md section 4): padded regions
     are masked out of the softmax (the reference lets zero-padded region slots up to 30 take
     attention in training and evaluation), and padded words and regions are kept out of the MLPs'
     BatchNorm statistics, so padding never changes a valid word's logit.

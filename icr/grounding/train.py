@@ -1,7 +1,7 @@
 """The grounding task (``task.name=grounding``): word-region attention trained with L_img + L_lang.
 
 The recipe of Gupta et al., "Contrastive Learning for Weakly Supervised Phrase Grounding" (ECCV
-2020, Sec. 2.5; REFERENCE_NOTES.md section 4): frozen contextual word features of the selected
+2020, Sec. 2.5; docs/reference-code.md section 4): frozen contextual word features of the selected
 nouns and adjectives (:mod:`icr.grounding.words`), region features per image
 (:mod:`icr.grounding.data`), the compatibility function of :mod:`icr.grounding.model`, and
 ``img_weight * L_img + lang_weight * L_lang`` (:mod:`icr.grounding.losses`; both weights 1) with Adam

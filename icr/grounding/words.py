@@ -1,7 +1,7 @@
 """Caption words for grounding: part-of-speech tags, the selected content words, their features.
 
 The grounding model attends from caption *words* to image regions, and only nouns and adjectives
-take part (Gupta et al., ECCV 2020, Sec. 2.5 "Losses"; REFERENCE_NOTES.md section 4).
+take part (Gupta et al., ECCV 2020, Sec. 2.5 "Losses"; docs/reference-code.md section 4).
 
 Tags. :func:`tag_tokens` tags a caption's whitespace tokens with TextBlob's ``PatternTagger``
 (the lexicon and rules of the pattern library, bundled in the ``textblob`` package: nothing is

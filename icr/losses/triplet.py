@@ -23,7 +23,7 @@ def _hinge_costs(sims: Tensor, image_ids: Tensor | None, margin: float) -> tuple
 # VSE-infinity's training (and VSE+2AD's, which builds on it) starts with the sum over all
 # negatives for ``vse_mean_warmup_epochs`` (1) before the hardest negative: from a random start
 # the hardest-negative loss alone can collapse every embedding to one point, where each hinge
-# is the margin and the loss is 2 B alpha (measured on the embedded benchmark, README).
+# is the margin and the loss is 2 B alpha (measured on the embedded benchmark, docs/results.md).
 @LOSSES.register("triplet", reads=("loss.warmup_epochs",), warmup="triplet_all")
 def triplet_loss(sims: Tensor, image_ids: Tensor | None = None, *, margin: float = 0.2) -> Tensor:
     """VSE++ max-violation triplet loss: the hardest in-batch negative per query.

@@ -1,7 +1,7 @@
 """Phrase grounding metrics: Recall@k and pointing accuracy from word-region attention.
 
 Protocol (Gupta et al., ECCV 2020, Sec. 2.5 "Attention to phrase grounding" and Sec. 3.1;
-REFERENCE_NOTES.md sections 4 and 8):
+docs/reference-code.md, sections 4 and 8):
 
 - The score of a region for a phrase is the max over the phrase's word pieces of their attention
   to the region (:func:`phrase_region_scores`); regions are ranked by it.

@@ -1,4 +1,4 @@
-"""ROUGE-L relevance matrices for nDCG, by the TERN protocol (REFERENCE_NOTES.md, section 5).
+"""ROUGE-L relevance matrices for nDCG, by the TERN protocol (docs/reference-code.md, section 5).
 
 Entry ``(i, j)`` of the ``(N_cap, N_img)`` matrix is the ROUGE-L score of query caption ``i`` against
 the reference captions of image ``j``, computed as pycocoevalcap's ``Rouge.calc_score`` does:

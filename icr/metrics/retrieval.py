@@ -1,6 +1,6 @@
 """Image-caption retrieval metrics from a similarity matrix: pure, vectorised, chunked over queries.
 
-Protocol (REFERENCE_NOTES.md, sections 1, 2 and 5; LTD paper, section 4.3 "Evaluation metrics"):
+Protocol (docs/reference-code.md, sections 1, 2 and 5; LTD paper, section 4.3 "Evaluation metrics"):
 
 - i2t: an image query; its positives are its captions (``caption_image`` is the ground truth, never
   the diagonal). The rank of the query is the best rank among its positives.
@@ -612,7 +612,7 @@ def ndcg_of_ranking(ranking: torch.Tensor, relevance: torch.Tensor) -> torch.Ten
         ranking: ``(B, k)`` int64; relevance: ``(B, N)``; returns ``(B,)`` float64.
 
     References:
-        Järvelin & Kekäläinen 2002; TERN protocol (REFERENCE_NOTES.md, section 5).
+        Järvelin & Kekäläinen 2002; TERN protocol (docs/reference-code.md, section 5).
     """
     k = ranking.shape[1]
     position = torch.arange(2, k + 2, device=ranking.device, dtype=torch.double)  # (k,)

@@ -58,7 +58,7 @@ class DualEncoder(nn.Module):
     def set_backbone_trainable(self, flag: bool) -> None:
         """Freeze or unfreeze the image backbone and the word embeddings together.
 
-        ``False`` is the warm-up phase of the LTD recipe (REFERENCE_NOTES.md section 1: 30 epochs with
+        ``False`` is the warm-up phase of the LTD recipe (docs/reference-code.md section 1: 30 epochs with
         the ResNet and word embeddings frozen, then fine-tuning). The GRU and both heads stay
         trainable. Frozen BatchNorm layers of the backbone stay in eval mode (see
         :class:`~icr.models.image.ImageEncoder`).

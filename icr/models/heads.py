@@ -13,7 +13,7 @@ class ProjectionHead(nn.Module):
     With ``hidden_dim``: ``Linear(in, hidden, no bias) -> ReLU -> Linear(hidden, out, no bias)``, the
     PCME / LTD image head (2048 -> 2048 -> 1024). Without: one ``Linear(in, out)`` with a bias.
     ``batchnorm=True`` appends ``BatchNorm1d(out)``, which the PCME / LTD baseline uses only with the
-    triplet loss (REFERENCE_NOTES.md section 1). Linear weights are xavier-uniform, biases zero.
+    triplet loss (docs/reference-code.md section 1). Linear weights are xavier-uniform, biases zero.
     L2 normalisation is left to :class:`~icr.models.dual_encoder.DualEncoder`.
 
     Shapes:

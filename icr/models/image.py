@@ -4,7 +4,7 @@ Builders are registered by name in :data:`IMAGE_ENCODERS` and take plain keyword
 
 - ``resnet50`` / ``resnet18``: torchvision ResNets without ``avgpool`` and ``fc``; the last feature
   map (2048 / 512 channels, 7x7 at 224 px) is average-pooled. This is the image side of the PCME /
-  LTD baseline (REFERENCE_NOTES.md section 1).
+  LTD baseline (docs/reference-code.md section 1).
 - ``small_cnn``: four conv blocks with BatchNorm (about 0.4M parameters at the defaults), sized for
   the 64x64 "shapes world" images on CPU.
 

@@ -2,7 +2,7 @@
 
 The Transformer Encoder Reasoning Network (Messina et al., "Transformer Reasoning Network for
 Image-Text Matching and Retrieval", ICPR 2020; code: github.com/mesnico/TERN, ``models/tern.py``),
-as the LTD paper uses it in Section 4.4 and Table 3 (papers/ltd-latent-target-decoding.txt):
+as the LTD paper uses it in Section 4.4 and Table 3 (Bleeker, Yates & de Rijke, TMLR 2023):
 
 - image: each precomputed region (its box appended by the data pipeline when the dataset has
   boxes), standardised and through a two-layer MLP to ``region_dim``

@@ -32,7 +32,7 @@ class GRUCaptionEncoder(nn.Module):
     ``output_dim = 2 * hidden_dim``, the 1024-d caption feature of the PCME / LTD baseline) or
     averaged (``merge="mean"``, ``output_dim = hidden_dim``, as in VSE-infinity).
 
-    This deliberately differs from the PCME / LTD reference (REFERENCE_NOTES.md section 1), which
+    This deliberately differs from the PCME / LTD reference (docs/reference-code.md section 1), which
     takes the GRU *output* at the last valid token: there the backward direction has read one token.
 
     Args:

@@ -1,7 +1,7 @@
 """VSRN image encoder: region features -> graph reasoning -> GRU -> one image vector.
 
 Visual Semantic Reasoning (Li et al., ICCV 2019), as used in the metric-learning study (Bleeker &
-de Rijke, ECIR 2022, section 3; REFERENCE_NOTES section 2):
+de Rijke, ECIR 2022, section 3; docs/reference-code.md section 2):
 
 1. each precomputed region feature (36 x 2048 BUTD regions) goes through a Linear layer to the
    embedding size (xavier-uniform weights, zero bias) and, for COCO in the reference code, is

@@ -1,6 +1,6 @@
 """``fit``: the one training loop, for every task, and ``load_trained`` for analyses.
 
-The loop owns what every task shares (DESIGN.md, "the seam"): epochs, validation, the best epoch by
+The loop owns what every task shares (docs/architecture.md, "The seam"): epochs, validation, the best epoch by
 the task's selection metric, a checkpoint after every epoch, one :class:`EpochReport` per epoch,
 and at the end the test split and the analyses (``eval.analyses``), both on the best checkpoint.
 The task (:mod:`icr.train.tasks`) knows how to train an epoch and evaluate a split.

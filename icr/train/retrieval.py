@@ -1,6 +1,6 @@
 """The image-caption retrieval task: its training state and the steps that change it.
 
-The recipe (LTD paper Section 4.3, REFERENCE_NOTES section 1; :mod:`icr.train.recipe`):
+The recipe (LTD paper Section 4.3, docs/reference-code.md section 1; :mod:`icr.train.recipe`):
 
 - a warm-up phase with the image backbone and the word embeddings frozen, then a fine-tune phase
   at ``lr x finetune_lr_factor``, a cosine schedule in each;

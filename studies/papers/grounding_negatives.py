@@ -1,7 +1,7 @@
 """Contrastive phrase grounding: do context-preserving negative captions beat random ones?
 
 Gupta et al., "Contrastive Learning for Weakly Supervised Phrase Grounding" (ECCV 2020;
-papers/contrastive-phrase-grounding.txt): word-region attention learned from image-caption pairs
+Gupta et al., ECCV 2020): word-region attention learned from image-caption pairs
 alone, by InfoNCE over the in-batch images (L_img) and, in the key idea, over a caption's true noun
 and substitutes a language model proposes for its context (L_lang). Three conditions: L_img only,
 + L_lang with random substitutes, + L_lang with context-preserving ones (a masked-noun head over
@@ -51,8 +51,8 @@ TABLE = Table(
 )
 
 # The paper's recipe (--recipe paper) on Flickr30K Entities with BUTD regions. Grounding paper
-# (papers/contrastive-phrase-grounding.txt) Sections 2.4-2.5 and 3, and the info-ground code
-# (REFERENCE_NOTES section 4).
+# (Gupta et al., ECCV 2020) Sections 2.4-2.5 and 3, and the info-ground code
+# (docs/reference-code.md section 4).
 PAPER = Recipe(
     "paper", "grounding paper Sections 2.4, 2.5 and 3; info-ground code",
     {
@@ -86,7 +86,7 @@ PAPER = Recipe(
     notes=("one run per setting in the paper; 3 seeds here for the table's tests",
            "negative_quality, tagger_accuracy and grounding_examples read the embedded "
            "benchmark's scenes and image files: none runs on real data",
-           "info-ground's region attention has no padding mask: masked here (REFERENCE_NOTES 4)"),
+           "info-ground's region attention has no padding mask: masked here (docs/reference-code.md, section 4)"),
     analyses=(),
 )
 

@@ -1,7 +1,7 @@
 """Do lessons from metric learning generalise to ICR? Four losses on VSE++ and VSRN, with COCOS.
 
 Bleeker & de Rijke, "Do Lessons from Metric Learning Generalize to Image-Caption Retrieval?"
-(papers/metric-learning-losses-for-icr.txt), Table 1 and section 4: the triplet loss over all
+(Bleeker & de Rijke, ECIR 2022), Table 1 and section 4: the triplet loss over all
 negatives, the triplet loss with the hardest negative (SH, VSE++), NT-Xent (the symmetric InfoNCE
 at tau 0.1: the same loss as the LTD baseline, another preset) and SmoothAP (tau 0.01, batches of
 whole images with all their captions), each on two architectures:
@@ -99,8 +99,8 @@ COCOS_TABLE = Table(
 
 # The paper's recipe (--recipe paper) on COCO or Flickr30k: a Karpathy split JSON with its images
 # (VSE++ trains on pixels) and the SCAN/BUTD regions of the same images (VSRN), given with
-# data.precomp_dir. Values from the metric-learning paper (papers/metric-learning-losses-for-
-# icr.txt) Section 4 and the ECIR reproducibility code (REFERENCE_NOTES section 2).
+# data.precomp_dir. Values from the metric-learning paper (Bleeker & de Rijke, ECIR 2022)
+# Section 4 and the ECIR reproducibility code (docs/reference-code.md, section 2).
 PAPER_COMMON = {
     "data.dataset": "karpathy",
     "optim.name": "adam",
@@ -145,7 +145,7 @@ PAPER_LOSSES = {  # Section 2: each loss at the value of its original work
     "triplet_sh": {"loss.margin": 0.2},
     "ntxent": {"loss.tau": 0.1},
     # SmoothAP: tau 0.01; batches of whole images with all 5 captions, so "we have to increase the
-    # amount of training epochs k times": 150 epochs, the lr step at 75 (REFERENCE_NOTES 2).
+    # amount of training epochs k times": 150 epochs, the lr step at 75 (docs/reference-code.md, section 2).
     "smoothap": {"loss.tau": 0.01, "train.batch_size": 26, "train.finetune_epochs": 150,
                  "optim.step_epochs": 75},
 }

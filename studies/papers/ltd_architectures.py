@@ -1,6 +1,6 @@
 """LTD with other architectures: VSRN and TERN x BL / L_dual / L_lag (LTD paper Table 3).
 
-LTD paper (papers/ltd-latent-target-decoding.txt), Section 4.4 "Generalizability to different
+LTD paper (Bleeker, Yates & de Rijke, TMLR 2023), Section 4.4 "Generalizability to different
 network architectures" and Table 3: the contrastive baseline (BL, L_con), LTD as a dual loss
 (beta = 1) and LTD as a constraint (L_lag, eta searched over the paper's range [0.05, 0.3]) on
 
@@ -13,7 +13,7 @@ network architectures" and Table 3: the contrastive baseline (BL, L_con), LTD as
 
 The table's columns are Table 3's: R@1/5/10 both ways and nDCG for t2i. The embedded benchmark
 has one graded relevance, the SPICE-like semantic F-score (its ROUGE-L barely separates images,
-see the README), so one nDCG column stands for Table 3's two; rsum (the selection metric) is
+docs/embedded-benchmark.md), so one nDCG column stands for Table 3's two; rsum (the selection metric) is
 added. Each architecture is its own table with its own baseline, as the paper compares within an
 architecture.
 
@@ -31,7 +31,7 @@ from studies.tables import Column, Table
 # The recipe every trial of the study runs on the embedded benchmark (search and confirmation).
 # Sized from `python -m studies.run ltd_architectures --debug` on the default preset (4,000
 # training images, 36 regions each; 157 steps of 128 pairs per epoch), measured on this project's
-# 2-core machines: see the README's ltd_architectures section for the figures and the arithmetic.
+# 2-core machines: docs/results.md (ltd_architectures) has the figures.
 COMMON = {
     "data.dataset": "shapes",
     "data.preset": "default",
@@ -109,7 +109,7 @@ PAPER_VALUES = {
         "model.embed_dim": 1024,  # coco_vsrn.yaml model.embed_dim
         "text.encoder": "gru",  # Section 4.4 (i): the caption encoder of Section 4.2
         "text.word_dim": 300,  # coco_vsrn.yaml caption_encoder.word_dim (GloVe 840B)
-        "text.hidden_dim": 512,  # Section 4.2 / REFERENCE_NOTES 1: 512 units per direction
+        "text.hidden_dim": 512,  # Section 4.2 / docs/reference-code.md, section 1: 512 units per direction
         "loss.name": "infonce",  # VSRN_hyperparams.txt (COCO); the F30k jobs use triplet
         "loss.tau": 0.05,  # coco_vsrn.yaml criterion.tau
         "decoder.hidden_dim": 1024,  # hyperparams: --model.target_decoder.hidden_features 1024

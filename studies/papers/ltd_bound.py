@@ -1,9 +1,9 @@
 """The LTD bound study: latent target decoding as a constraint vs as a dual loss vs the baseline.
 
-LTD paper (papers/ltd-latent-target-decoding.txt), Table 1 rows BL / BL + LTD L_dual (beta = 1) /
+LTD paper (Bleeker, Yates & de Rijke, TMLR 2023), Table 1 rows BL / BL + LTD L_dual (beta = 1) /
 BL + LTD L_lag, and Figure 3 (lambda and L_rec trajectories per eta, validation rsum). The
 Lagrangian condition searches the bound eta over [0.05, 0.3] (the paper's grid 0.05 .. 0.3,
-REFERENCE_NOTES section 1); the temperature tau can be searched in every condition by editing
+docs/reference-code.md section 1); the temperature tau can be searched in every condition by editing
 ``search_spaces/ltd_bound.yaml``. Training length and model size are scaled to the embedded
 benchmark so that the whole study runs in about 20 minutes on 2 CPU cores.
 """
@@ -37,8 +37,8 @@ BASE = {
 }
 
 # The paper's recipe (--recipe paper) on COCO or Flickr30k (a Karpathy split JSON and its images).
-# Values from the LTD paper (papers/ltd-latent-target-decoding.txt) Section 4.3 "Training" and
-# Section 4.2 "Model", and the LTD/PCME reference code (REFERENCE_NOTES section 1).
+# Values from the LTD paper (Bleeker, Yates & de Rijke, TMLR 2023) Section 4.3 "Training" and
+# Section 4.2 "Model", and the LTD/PCME reference code (docs/reference-code.md section 1).
 PAPER_BASE = {
     "data.dataset": "karpathy",
     "data.features": "pixels",
@@ -87,7 +87,7 @@ PAPER_NOTES = (
     "one run per eta in the paper; the best eta (on validation rsum) is confirmed with 3 seeds "
     "here, for the table's tests",
     "the reference's fine-tune schedule restarts the lr from 0 and unscales fp16 gradients twice "
-    "(REFERENCE_NOTES 1): not copied; each phase is one cosine from its initial lr",
+    "(docs/reference-code.md, section 1): not copied; each phase is one cosine from its initial lr",
 )
 PAPER = Recipe(
     "paper", "LTD paper Sections 4.2-4.3; LTD/PCME reference code", PAPER_BASE,

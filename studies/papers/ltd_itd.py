@@ -2,7 +2,7 @@
 
 LTD paper Table 1 rows BL + ITD L_dual (beta = 1) and BL + ITD L_lag (eta = 4 on COCO, 6 on F30k):
 the token-level NLL is on another scale than the cosine L_rec of LTD, so eta is searched over the
-ITD range 0.5 .. 6 (REFERENCE_NOTES section 1). The baseline row is shared with ltd_bound.
+ITD range 0.5 .. 6 (docs/reference-code.md section 1). The baseline row is shared with ltd_bound.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ STUDY = Study(
     smoke=SMOKE,
     debug_condition="itd_lagrangian",
     # LTD paper Section 4.3 with the ITD eta grid; the ITD decoder's 300-d words and a GRU of
-    # 1024 units (REFERENCE_NOTES 1: GRU(300 -> 1024) initialised with the caption embedding).
+    # 1024 units (docs/reference-code.md, section 1: GRU(300 -> 1024) initialised with the caption embedding).
     paper=replace(PAPER, overrides={**PAPER.overrides, "decoder.word_dim": 300,
                                     "decoder.hidden_dim": 1024},
                   space_file="paper/ltd_itd.yaml"),

@@ -2,7 +2,7 @@
 
 LTD paper Section 5.4 / Table 2: the same experiments with the VSE++ triplet loss as L_con, with
 BatchNorm after the projection heads as the PCME / LTD reference does with the triplet loss
-(REFERENCE_NOTES section 1).
+(docs/reference-code.md section 1).
 """
 
 from __future__ import annotations

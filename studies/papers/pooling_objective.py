@@ -1,7 +1,7 @@
 """Adaptive pooling and the adaptive objective: pooling x objective, with convergence curves.
 
 Zhang et al., "Improving Visual-Semantic Embedding with Adaptive Pooling and Optimization
-Objective" (papers/vse-adaptive-pooling-and-objective.txt), the ablation of Table 4: the pooling of
+Objective" (Zhang et al., EACL 2023), the ablation of Table 4: the pooling of
 both towers (max, mean, GPO of VSE-infinity, AdPool) crossed with the objective (the hardest
 negative triplet of VSE++, or AdOpt: a dynamically sized group of hard negatives). The image tower
 is a per-region MLP over the region features, the caption tower a bi-GRU whose two directions are
@@ -50,8 +50,8 @@ TABLE = Table(
 )
 
 # The paper's recipe (--recipe paper) on a SCAN/BUTD precomputed folder of COCO or Flickr30k.
-# VSE+2AD paper (papers/vse-adaptive-pooling-and-objective.txt) Section 4.1 "Implementation
-# details" and Appendix B "Basic settings" (REFERENCE_NOTES section 3).
+# VSE+2AD paper (Zhang et al., EACL 2023) Section 4.1 "Implementation
+# details" and Appendix B "Basic settings" (docs/reference-code.md section 3).
 PAPER_BASE = {
     "data.dataset": "precomp", "data.features": "regions",
     "image.encoder": "region_tokens",  # Appendix B: BUTD regions mapped by an MLP
@@ -87,7 +87,7 @@ PAPER = Recipe(
     requires={"data.precomp_dir": "a SCAN/BUTD folder of COCO or Flickr30k"},
     notes=("the paper reports one run per setting; 3 seeds here for the table's tests",
            "the reference divides the lr by 10 every epoch after 15 and selects on test "
-           "(REFERENCE_NOTES 3): not copied; one step at 15, selection on validation",
+           "(docs/reference-code.md, section 3): not copied; one step at 15, selection on validation",
            "the BiGRU's word embeddings start at random (the paper does not name GloVe)"),
 )
 

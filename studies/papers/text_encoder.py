@@ -1,6 +1,6 @@
 """The caption encoder as a searched dimension: a bi-GRU over words or a BERT-architecture encoder.
 
-The VSE+2AD paper (papers/vse-adaptive-pooling-and-objective.txt) reports both a BiGRU and a
+The VSE+2AD paper (Zhang et al., EACL 2023) reports both a BiGRU and a
 BERT-base text backbone; offline, the BERT-architecture encoder is the bundled MiniLM
 (``text.bert_path`` takes any local folder), fine-tuned at a tenth of the learning rate
 (``text.bert_lr_factor``, the paper's Appendix B). Both towers use AdPool and the objective is
