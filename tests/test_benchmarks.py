@@ -237,6 +237,7 @@ def test_paper_scale_runs_trials_at_once_and_reports_memory_and_start(tmp_path, 
     assert "training features resident on cpu" in out
 
 
+@pytest.mark.slow  # end-to-end: make test-all and CI run it
 def test_plan_estimate_compares_the_calibrated_estimate_with_a_measured_time(capsys, workspace):
     """The estimate of ltd_bound --smoke from one timed step per phase, against a given time."""
     load("plan_estimate").main(["--steps", "1", "--measured", "60", "--workspace",

@@ -144,6 +144,7 @@ def test_evaluation_reads_boxes_in_the_task_convention(data):
         from_flat({"grounding.box_convention": "inclusive"})
 
 
+@pytest.mark.slow  # end-to-end: make test-all and CI run it
 def test_training_lowers_the_image_loss(data):
     task = _task(data, lr=1e-2, epochs=6, max_steps_per_epoch=0)
     first = task.train_epoch(0)["train_L_img"]

@@ -257,6 +257,7 @@ def test_the_plan_counts_steps_on_the_papers_datasets_when_the_files_are_absent(
         capsys.readouterr().out)
 
 
+@pytest.mark.slow  # end-to-end: make test-all and CI run it
 def test_plan_calibrate_times_steps_and_estimates(workspace, capsys):
     """A tiny study's plan with two timed steps per phase gives a positive estimate."""
     args = ["ltd_bound", "--smoke", "--plan", "--calibrate", "2", "--workspace",

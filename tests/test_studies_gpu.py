@@ -25,6 +25,7 @@ def gpu_cluster():
     connection.disconnect(info)
 
 
+@pytest.mark.slow  # end-to-end: make test-all and CI run it
 def test_concurrent_trials_each_get_one_distinct_gpu(gpu_cluster, tmp_path: Path) -> None:
     assert gpu_cluster.gpus == 4
     resources = gpu_cluster.trial_resources()

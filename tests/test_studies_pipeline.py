@@ -61,6 +61,7 @@ def child_runs(workspace: Path, experiment: str = "fake") -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+@pytest.mark.slow  # end-to-end: make test-all and CI run it
 def test_fake_study_end_to_end(cluster, tmp_path: Path, capsys) -> None:
     workspace = tmp_path / "ws"
     fit = FakeFit(epoch_seconds=0.1, fail_on=(("train.seed", 1001),))
@@ -180,6 +181,7 @@ def finished_trials(db: Path) -> set[str]:
     return {r[0] for r in rows}
 
 
+@pytest.mark.slow  # end-to-end: make test-all and CI run it
 def test_each_trial_s_config_is_built_once_on_the_driver(cluster, tmp_path: Path, monkeypatch) -> None:
     """One config per trial: the driver builds it once (the searcher when it draws the trial's
     values, the confirmation before its Tuner), the worker trains it and the recorder logs its
@@ -210,6 +212,7 @@ def test_each_trial_s_config_is_built_once_on_the_driver(cluster, tmp_path: Path
     assert len(worker_builds) == 3 + 4 and set(worker_builds) == {0}
 
 
+@pytest.mark.slow  # end-to-end: make test-all and CI run it
 def test_resume_after_the_driver_is_killed(cluster, tmp_path: Path) -> None:
     workspace, records = tmp_path / "ws", tmp_path / "records"
     script = tmp_path / "driver.py"
@@ -255,6 +258,7 @@ def test_resume_after_the_driver_is_killed(cluster, tmp_path: Path) -> None:
     assert (workspace / "reports" / "fake" / "table1.md").is_file()
 
 
+@pytest.mark.slow  # end-to-end: make test-all and CI run it
 def test_a_tune_experiment_killed_before_its_first_save_starts_over(cluster, tmp_path: Path) -> None:
     """The Tuner writes tuner.pkl (no param_space in it) when it is built, and Tune saves the
     trials and the searcher only once ``fit`` runs: a driver killed in between left an
@@ -483,6 +487,7 @@ def test_a_trial_restored_from_a_lagging_tune_state_continues_after_its_recorded
     assert all(steps == [1, 2, 3, 4] for steps in full["steps"])
 
 
+@pytest.mark.slow  # end-to-end: make test-all and CI run it
 def test_a_paper_recipe_trains_its_grid_to_the_end_with_each_condition_s_epochs(
         cluster, tmp_path: Path) -> None:
     """``--recipe paper``: a grid domain trains each point once (GridSampler through Tune), no

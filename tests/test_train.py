@@ -153,6 +153,7 @@ def test_contrastive_trajectory_has_no_placeholder_columns(workspace, tmp_path):
     assert rows and all(set(row) == {"step", "epoch", "loss", "L_con"} for row in rows)
 
 
+@pytest.mark.slow  # end-to-end: make test-all and CI run it
 def test_resume_gives_the_metrics_of_an_uninterrupted_run(workspace, tmp_path):
     config = tiny(decoder__name="ltd", objective__name="lagrangian", objective__eta=0.1)
     saved = tmp_path / "after-epoch-1"
