@@ -1,12 +1,14 @@
 """The benchmark scripts run end to end on small inputs (their timings are not tested)."""
 
 import importlib.util
+import itertools
 import re
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -72,10 +74,12 @@ def test_eval_speed_small(capsys, monkeypatch):
 
 
 def test_benchmark_realism_tiny(capsys, tmp_path):
-    """The realism table end to end on the tiny preset: COCO's column from eccv-caption's files
-    (CxC gives 0.42 extra images per caption among 5,000) and the preset's exact statistics."""
+    """The realism tables end to end on the tiny preset: COCO's column from eccv-caption's files
+    (CxC gives 0.42 extra images per caption among 5,000), the preset's exact statistics, the
+    region probes beside BUTD's figures, and a two-epoch learnability run beside the papers'."""
     realism = load("benchmark_realism")
-    realism.main(["--workspace", str(tmp_path), "--presets", "tiny"])
+    realism.main(["--workspace", str(tmp_path), "--presets", "tiny", "--learnability",
+                  "--epochs", "2", "--sizes", "recipe"])
     out = capsys.readouterr().out
     rows = {line.split(" | ")[0].strip("| "): line for line in out.splitlines()}
     coco, tiny = (c.strip() for c in rows["regions per image"].strip(" |").split(" | ")[1:3])
@@ -85,6 +89,38 @@ def test_benchmark_realism_tiny(capsys, tmp_path):
     mean, share = realism.batch_false_negatives(np.array([0, 10, 4999]), 4999, batch=128)
     assert mean == pytest.approx((0 + 10 + 4999) * 127 / 4999 / 3)
     assert share == pytest.approx((0 + (1 - _no_hit(10, 4999, 127)) + 1) / 3)
+    for attribute, classes in (("shape", 13), ("colour", 10), ("size", 3), ("texture", 5)):
+        cells = rows[f"{attribute} ({classes})"].strip(" |").split(" | ")
+        best, every, majority = map(float, re.findall(r"[\d.]+", cells[3]))
+        assert 0 <= majority <= 100 and 0 <= best <= 100 and 0 <= every <= 100
+    assert "10.2 %" in rows["shape (13)"]  # BUTD's object heads, cited
+    assert rows["COCO 1k [P]"].split(" | ")[2].strip() == "520.5"
+    run = rows["recipe sizes"].strip(" |").split(" | ")
+    assert run[1] == "2" and 0 <= float(run[2].split()[0]) <= 600
+    rates = [float(v) for v in re.findall(r"[\d.]+", run[5])]
+    assert len(rates) == 4 and all(0 <= v <= 100 for v in rates)  # 2 epochs x (i2t, t2i)
+
+
+def test_in_batch_top1_is_the_exact_expectation_over_batches():
+    """Against every batch: the share of (query, batch) pairs whose positive is ranked first,
+    averaged over all ways to draw the batch's other candidates."""
+    realism = load("benchmark_realism")
+    rng = np.random.default_rng(0)
+    n_img, per_image, batch = 6, 2, 4
+    img = torch.from_numpy(rng.standard_normal((n_img, 3)).astype(np.float32))
+    cap = torch.from_numpy(rng.standard_normal((n_img * per_image, 3)).astype(np.float32))
+    caption_image = torch.arange(n_img).repeat_interleave(per_image)
+    sims = (img @ cap.t()).numpy()
+    t2i, i2t = [], []
+    for c, p in enumerate(caption_image.tolist()):
+        others = [j for j in range(n_img) if j != p]
+        t2i += [np.mean([sims[p, c] > sims[list(s), c].max()
+                         for s in itertools.combinations(others, batch - 1)])]
+        foreign = [k for k in range(len(cap)) if caption_image[k] != p]
+        i2t += [np.mean([sims[p, c] > sims[p, list(s)].max()
+                         for s in itertools.combinations(foreign, batch - 1)])]
+    got_i2t, got_t2i = realism.in_batch_top1(img, cap, caption_image, batch=batch, chunk=4)
+    assert got_i2t == pytest.approx(np.mean(i2t)) and got_t2i == pytest.approx(np.mean(t2i))
 
 
 def _no_hit(positives: int, others: int, draws: int) -> float:
