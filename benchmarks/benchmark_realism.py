@@ -55,6 +55,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from scipy.special import comb
 from scipy.stats import hypergeom
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,12 +63,15 @@ sys.path.insert(0, str(ROOT))
 
 from icr.data.synthetic import TruthTable, ensure_benchmark, load_scenes  # noqa: E402
 from icr.data.synthetic.lexicon import SHAPES  # noqa: E402
+from icr.data.synthetic.regions import STUFF_COVERAGE, object_coverage  # noqa: E402
 from icr.data.synthetic.world import (  # noqa: E402
     ATTRIBUTES,
     COLOURS,
     HPOS,
+    HUES,
     SIZES,
     TEXTURES,
+    TONES,
     VPOS,
     Scene,
 )
@@ -205,7 +209,8 @@ PROBED = {  # attribute -> its values, in a fixed order (the probe's class indic
     "shape": SHAPES, "colour": tuple(COLOURS), "size": SIZES, "texture": TEXTURES,
     "hpos": HPOS, "vpos": VPOS,
 }
-PROBE_TRAIN_ROWS = 20_000  # training regions a probe fits at most (a seeded subsample)
+BACKGROUND_PROBED = {"hue": HUES, "tone": TONES}  # the background's, read from its regions
+PROBE_TRAIN_ROWS = 10_000  # training regions a probe fits at most (a seeded subsample)
 # What is known of BUTD: its detector's own heads on Visual Genome's validation split. Detection
 # mAP over 1,600 overlapping classes ("person / man / guy", singular and plural), not a probe's
 # accuracy over disjoint classes; no published linear probe of BUTD's region features for COCO's
@@ -227,10 +232,10 @@ class Regions:
     labels: dict[str, np.ndarray] = field(default_factory=dict)  # attribute -> (M,) class index
 
 
-def object_regions(root: Path, split: str, every: bool) -> Regions:
-    """The regions of ``split`` owned by an object (``region_owner``): each object's best-scored
-    one (the first, as the files are ordered by score), or with ``every`` all it owns."""
-    records = load_scenes(root)
+def object_regions(root: Path, records: dict[str, dict], split: str, every: bool) -> Regions:
+    """The regions of ``split`` owned by an object (``region_owner`` of ``records``, the folder's
+    ``scenes.json``): each object's best-scored one (the first, as the files are ordered by
+    score), or with ``every`` all it owns."""
     ids = (root / "precomp" / f"{split}_ids.txt").read_text(encoding="utf-8").split()
     features = np.load(root / "precomp" / f"{split}_ims.npy", mmap_mode="r")  # (N, R, D)
     index = {name: {v: i for i, v in enumerate(values)} for name, values in PROBED.items()}
@@ -250,6 +255,28 @@ def object_regions(root: Path, split: str, every: bool) -> Regions:
                    {k: np.asarray(v) for k, v in labels.items()})
 
 
+def background_regions(root: Path, records: dict[str, dict], split: str) -> Regions:
+    """The regions of ``split`` that show the background (no object's, objects cover less than
+    :data:`~icr.data.synthetic.regions.STUFF_COVERAGE` of them), labelled with its hue and tone."""
+    ids = (root / "precomp" / f"{split}_ids.txt").read_text(encoding="utf-8").split()
+    features = np.load(root / "precomp" / f"{split}_ims.npy", mmap_mode="r")  # (N, R, D)
+    boxes = np.load(root / "precomp" / f"{split}_boxes.npy")  # (N, R, 4)
+    index = {name: {v: i for i, v in enumerate(values)} for name, values in BACKGROUND_PROBED.items()}
+    rows, labels = [], {name: [] for name in BACKGROUND_PROBED}
+    for i, name in enumerate(ids):
+        record = records[name]
+        objects = [o["bbox"] for o in record["scene"]["objects"]]
+        coverage = object_coverage(boxes[i].astype(np.float64), objects)  # (R,)
+        for r, k in enumerate(record["region_owner"]):
+            if k < 0 and coverage[r] < STUFF_COVERAGE:
+                rows.append((i, r))
+                for attribute in BACKGROUND_PROBED:
+                    labels[attribute].append(index[attribute][record["scene"]["background"][attribute]])
+    at = np.asarray(rows)
+    return Regions(np.asarray(features[at[:, 0], at[:, 1]], dtype=np.float32),
+                   {k: np.asarray(v) for k, v in labels.items()})
+
+
 def linear_probe(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, test_y: np.ndarray,
                  seed: int = 0) -> tuple[float, float]:
     """Held-out accuracy of softmax regression on standardised features, and the majority rate
@@ -264,7 +291,7 @@ def linear_probe(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, t
     if len(train_x) > PROBE_TRAIN_ROWS:
         keep = np.random.default_rng(seed).choice(len(train_x), PROBE_TRAIN_ROWS, replace=False)
         train_x, train_y = train_x[keep], train_y[keep]
-    probe = make_pipeline(StandardScaler(), LogisticRegression(max_iter=1000))
+    probe = make_pipeline(StandardScaler(), LogisticRegression(max_iter=500))
     probe.fit(train_x, train_y)
     majority = np.bincount(train_y).argmax()
     return float(probe.score(test_x, test_y)), float((test_y == majority).mean())
@@ -273,17 +300,28 @@ def linear_probe(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, t
 def probe_statistics(root: Path) -> dict[str, dict[str, float]]:
     """Per attribute: probe accuracy from each object's best region (``first``) and from every
     region it owns (``every``), the majority rate, and how often captions state it (``stated``:
-    the share of the training captions' object mentions that state the attribute)."""
+    the share of the training captions' object mentions that state the attribute); per
+    background attribute (``background hue``, ``background tone``): from every background
+    region, with the share of training captions that state it."""
     out: dict[str, dict[str, float]] = {name: {} for name in PROBED}
+    records = load_scenes(root)
     for variant, every in (("first", False), ("every", True)):
-        train, test = object_regions(root, "train", every), object_regions(root, "test", every)
+        train, test = (object_regions(root, records, split, every) for split in ("train", "test"))
         for name in PROBED:
             accuracy, majority = linear_probe(train.features, train.labels[name],
                                               test.features, test.labels[name])
             out[name][variant] = accuracy
             out[name][f"majority_{variant}"] = majority
-    mentions = [m["attributes"] for r in load_scenes(root).values() if r["split"] == "train"
-                for c in r["captions"] for m in c["mentions"]]
+    train, test = (background_regions(root, records, split) for split in ("train", "test"))
+    captions = [c for r in records.values() if r["split"] == "train" for c in r["captions"]]
+    for name in BACKGROUND_PROBED:
+        accuracy, majority = linear_probe(train.features, train.labels[name],
+                                          test.features, test.labels[name])
+        stated = np.mean([any(cl["kind"] == "background" and name in cl for cl in c["meaning"])
+                          for c in captions])
+        out[f"background {name}"] = {"every": accuracy, "majority_every": majority,
+                                     "stated": float(stated)}
+    mentions = [m["attributes"] for c in captions for m in c["mentions"]]
     for name in PROBED:
         out[name]["stated"] = float(np.mean([name in a for a in mentions]))
     return out
@@ -302,12 +340,21 @@ def probe_table(probes: dict[str, dict[str, dict[str, float]]]) -> str:
                  f"({100 * p[name]['majority_first']:.1f})" for p in probes.values()]
         lines.append(f"| {name} ({len(values)}) | {100 * first[name]['stated']:.1f} % | {butd} | "
                      + " | ".join(cells) + " |")
+    for name, values in BACKGROUND_PROBED.items():
+        key = f"background {name}"
+        cells = [f"– / {100 * p[key]['every']:.1f} ({100 * p[key]['majority_every']:.1f})"
+                 for p in probes.values()]
+        lines.append(f"| {key} ({len(values)}) | {100 * first[key]['stated']:.1f} % | "
+                     f"{BUTD_KNOWN['attributes']} | " + " | ".join(cells) + " |")
     lines += ["", "Held-out accuracy, %, of softmax regression on the standardised region feature "
-              "(training boxes -> test boxes); 'captions state it': share of the training captions' "
-              "object mentions (first preset). Positions are stated by captions but are a box's, "
-              "not its crop's: a model reads them from the boxes.",
-              f"[B] {BUTD_SOURCE}; the attribute figure covers VG's 400 attributes together, not "
-              "colour, size or texture apart: none is published per family."]
+              "(training boxes -> test boxes). 'captions state it': share of the training captions' "
+              "object mentions that state the attribute, or of the captions that state the "
+              "background's (first preset). The background is read from its regions (no object's, "
+              f"objects cover under {STUFF_COVERAGE:.0%} of them). Positions are stated by captions "
+              "but are a box's, not its crop's: a model reads them from the boxes.",
+              f"[B] {BUTD_SOURCE}; the attribute figure covers VG's 400 attributes together (colours "
+              "of objects and of stuff, 'blue sky'), not colour, size or texture apart: none is "
+              "published per family."]
     return "\n".join(lines)
 
 
@@ -328,7 +375,8 @@ MODEL_SIZES = {
     "paper": {"model.embed_dim": "1024", "text.hidden_dim": "1024", "text.word_dim": "300",
               "text.glove": "none"},
 }
-TOP1_EPOCHS = 2  # epochs after which the in-batch top-1 rate is measured
+TOP1_EPOCHS = 2  # the first epochs after which the in-batch top-1 rate is measured (and the last)
+COCO_STEPS = 4425  # an epoch of COCO's Karpathy training split: 566,435 captions in batches of 128
 
 
 def in_batch_top1(img: torch.Tensor, cap: torch.Tensor, caption_image: torch.Tensor,
@@ -370,14 +418,15 @@ def in_batch_top1(img: torch.Tensor, cap: torch.Tensor, caption_image: torch.Ten
 
 @dataclass
 class Learnability:
-    """One long run of a baseline: its curve, its test scores, its early in-batch top-1 rates."""
+    """One long run of a baseline: its curve, its test scores, its in-batch top-1 rates."""
 
     sizes: str
     epochs: int
+    steps_per_epoch: int
     val_rsum: list[float]
     best_epoch: int
     test: dict[str, float]
-    top1: list[tuple[float, float]]  # per early epoch: (i2t, t2i) on the training split
+    top1: dict[int, tuple[float, float]]  # epoch -> (i2t, t2i) on the training split
     seconds: float
 
 
@@ -387,8 +436,9 @@ def learnability(workspace: Workspace, preset: str, seed: int, epochs: int, size
     """Train ``study``'s ``condition`` (its ``--debug`` config) for ``epochs`` on the preset.
 
     The recipe's warm-up epochs stay; the fine-tune phase takes the rest. After each of the first
-    :data:`TOP1_EPOCHS` epochs the run's live weights embed the training split for
-    :func:`in_batch_top1`; the test split is scored once, at the best validation epoch (``fit``).
+    :data:`TOP1_EPOCHS` epochs and after the last, the run's live weights embed the training split
+    for :func:`in_batch_top1`; the test split is scored once, at the best validation epoch
+    (``fit``).
     """
     from icr.train import fit, load_trained
     from studies.catalog import get_study
@@ -404,41 +454,85 @@ def learnability(workspace: Workspace, preset: str, seed: int, epochs: int, size
     plan = StudyPlan.build(get_study(study), Options(overrides=sets, workspace=str(workspace.root)))
     config = plan.debug_config(condition)
     val_rsum: list[float] = []
-    top1: list[tuple[float, float]] = []
+    top1: dict[int, tuple[float, float]] = {}
+    captions: list[int] = []  # the training split's size, once read
 
     def reporter(report: EpochReport) -> None:
         val_rsum.append(report.metrics["val_rsum"])
         print(f"  {sizes} sizes, epoch {report.epoch}/{epochs}: val rsum {val_rsum[-1]:.1f}, "
               f"{report.metrics['epoch_time_s']:.0f} s", flush=True)
-        if report.epoch <= TOP1_EPOCHS and report.checkpoint is not None:
+        if (report.epoch <= TOP1_EPOCHS or report.final) and report.checkpoint is not None:
             task = load_trained(config, report.checkpoint, workspace=workspace, best=False)
             with torch.no_grad():
                 img, cap = task.embed_split("train")  # (N_img, D), (N_cap, D)
             caption_image = torch.as_tensor(task.data.splits["train"].caption_image)
-            top1.append(in_batch_top1(img, cap, caption_image))
+            top1[report.epoch] = rates = in_batch_top1(img, cap, caption_image)
+            captions.append(len(caption_image))
+            print(f"  {sizes} sizes, after epoch {report.epoch}: in-batch top-1 at {BATCH} "
+                  f"{100 * rates[0]:.1f} % (i2t), {100 * rates[1]:.1f} % (t2i)", flush=True)
 
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="realism-learnability-") as run_dir:
         result = fit(config, reporter, workspace=workspace, run_dir=run_dir)
-    return Learnability(sizes, epochs, val_rsum, result.best_epoch, result.test or {}, top1,
+    steps = -(-captions[0] // config.train.batch_size) if captions else 0
+    return Learnability(sizes, epochs, steps, val_rsum, result.best_epoch, result.test or {}, top1,
                         time.perf_counter() - start)
 
 
-def learnability_table(runs: Sequence[Learnability]) -> str:
-    """Markdown: each run beside the papers' values, then each run's validation curve."""
-    lines = ["| model | epochs | test rsum (best val epoch) | test i2t R@1 | test t2i R@1 | "
-             f"in-batch top-1 at {BATCH}, i2t / t2i, after epochs 1..{TOP1_EPOCHS} |",
+def ceiling_recalls(other_images: np.ndarray, other_captions: np.ndarray, per_image: int,
+                    ks: Sequence[int] = (1, 5, 10)) -> dict[str, float]:
+    """Recalls (%) of a model that ranks first whatever is true of the query, ties in random
+    order; the papers' recall counts only a caption's own image, an image's own captions.
+
+    Args:
+        other_images: ``(N_cap,)`` other images each caption is true of.
+        other_captions: ``(N_img,)`` captions of other images true of each image.
+        per_image: captions per image.
+    """
+    true_images = 1 + np.asarray(other_images)  # its own image first among these, at random
+    true_captions = per_image + np.asarray(other_captions)
+    out = {}
+    for k in ks:
+        out[f"t2i_R_at_{k}"] = 100 * float(np.mean(np.minimum(k, true_images) / true_images))
+        # none of the image's own captions among the first k of the captions true of it
+        total = comb(true_captions, k)  # 0 (and so is the numerator) when fewer than k
+        miss = np.divide(comb(other_captions, k), total, out=np.zeros(len(total)), where=total > 0)
+        out[f"i2t_R_at_{k}"] = 100 * float(np.mean(1 - miss))
+    out["rsum"] = sum(out.values())
+    return out
+
+
+def retrieval_ceiling(root: Path) -> dict[str, float]:
+    """:func:`ceiling_recalls` of the test split, exact from its scenes: what a model that reads
+    everything a caption states could reach."""
+    records = [r for r in load_scenes(root).values() if r["split"] == "test"]
+    other_images, other_captions = _true_of_others(records)  # (N_cap,), (N_img,)
+    return ceiling_recalls(other_images, other_captions, len(records[0]["captions"]))
+
+
+def learnability_table(runs: Sequence[Learnability], ceiling: dict[str, float]) -> str:
+    """Markdown: each run beside the papers' values and the benchmark's ceiling, then each run's
+    validation curve."""
+    lines = ["| model | epochs (steps) | test rsum (best val epoch) | test i2t R@1 | test t2i R@1 | "
+             f"in-batch top-1 at {BATCH}, i2t / t2i, after epoch: |",
              "| :--- | ---: | ---: | ---: | ---: | :--- |"]
     for name, values in PAPERS.items():
         lines.append(f"| {name} [P] | 25 | {values['rsum']:.1f} | {values['i2t_R_at_1']:.1f} | "
                      f"{values['t2i_R_at_1']:.1f} | – |")
+    lines.append(f"| ranks what is true first [C] | – | {ceiling['rsum']:.1f} | "
+                 f"{ceiling['i2t_R_at_1']:.1f} | {ceiling['t2i_R_at_1']:.1f} | – |")
     for run in runs:
-        rates = ", ".join(f"{100 * a:.1f} / {100 * b:.1f}" for a, b in run.top1)
-        lines.append(f"| {run.sizes} sizes | {run.epochs} | {run.test.get('rsum', float('nan')):.1f} "
-                     f"({run.best_epoch}) | {run.test.get('i2t_R_at_1', float('nan')):.1f} | "
+        rates = ", ".join(f"{epoch}: {100 * a:.1f} / {100 * b:.1f}"
+                          for epoch, (a, b) in sorted(run.top1.items()))
+        lines.append(f"| {run.sizes} sizes | {run.epochs} ({run.epochs * run.steps_per_epoch}) | "
+                     f"{run.test.get('rsum', float('nan')):.1f} ({run.best_epoch}) | "
+                     f"{run.test.get('i2t_R_at_1', float('nan')):.1f} | "
                      f"{run.test.get('t2i_R_at_1', float('nan')):.1f} | {rates} |")
     lines += ["", f"[P] {PAPERS_SOURCE}; 1,000 test images (the embedded benchmark's test split: "
-              "500). Validation rsum per epoch:"]
+              f"500); an epoch of COCO is {COCO_STEPS:,} steps of 128 pairs.",
+              "[C] the test split's recalls when everything a query is true of ranks first, ties "
+              "in random order (exact expectations from the scenes).",
+              "Validation rsum per epoch:"]
     lines += [f"- {run.sizes} sizes ({run.seconds / 60:.1f} min): "
               + ", ".join(f"{v:.1f}" for v in run.val_rsum) for run in runs]
     return "\n".join(lines)
@@ -533,8 +627,9 @@ def main(argv: list[str] | None = None) -> int:
     for preset in presets if args.learnability else ():
         runs = [learnability(workspace, preset, args.seed, args.epochs, s, args.study,
                              args.condition, overrides) for s in sizes]
+        ceiling = retrieval_ceiling(workspace.data / f"shapes-{preset}-{args.seed}")
         print(f"\nLearnability on {preset} ({args.study} {args.condition}):\n")
-        print(learnability_table(runs))
+        print(learnability_table(runs, ceiling))
     return 0
 
 if __name__ == "__main__":

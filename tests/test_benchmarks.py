@@ -95,10 +95,31 @@ def test_benchmark_realism_tiny(capsys, tmp_path):
         assert 0 <= majority <= 100 and 0 <= best <= 100 and 0 <= every <= 100
     assert "10.2 %" in rows["shape (13)"]  # BUTD's object heads, cited
     assert rows["COCO 1k [P]"].split(" | ")[2].strip() == "520.5"
+    ceiling = rows["ranks what is true first [C]"].strip(" |").split(" | ")
+    assert 0 < float(ceiling[3]) <= 100 and 0 < float(ceiling[2]) <= 600
     run = rows["recipe sizes"].strip(" |").split(" | ")
-    assert run[1] == "2" and 0 <= float(run[2].split()[0]) <= 600
-    rates = [float(v) for v in re.findall(r"[\d.]+", run[5])]
-    assert len(rates) == 4 and all(0 <= v <= 100 for v in rates)  # 2 epochs x (i2t, t2i)
+    assert re.fullmatch(r"2 \(\d+\)", run[1]) and 0 <= float(run[2].split()[0]) <= 600
+    rates = re.findall(r"(\d+): ([\d.]+) / ([\d.]+)", run[5])
+    assert [int(e) for e, _, _ in rates] == [1, 2]  # the first two epochs (the last is the 2nd)
+    assert all(0 <= float(v) <= 100 for _, a, b in rates for v in (a, b))
+
+
+def test_ceiling_recalls_against_every_order_of_the_ties():
+    """A model that ranks the true items first, in every order of them equally often: the share
+    of orders that put the own image (a caption's query) or an own caption (an image's) in the
+    first k."""
+    realism = load("benchmark_realism")
+    other_images, other_captions, per_image = np.array([0, 2, 4]), np.array([0, 1, 3]), 2
+    got = realism.ceiling_recalls(other_images, other_captions, per_image, ks=(1, 2, 3))
+    for k in (1, 2, 3):  # 3: more than some images' true captions
+        t2i = [np.mean([order.index(0) < k for order in itertools.permutations(range(1 + n))])
+               for n in other_images]  # item 0: the own image
+        i2t = [np.mean([min(order.index(c) for c in range(per_image)) < k
+                        for order in itertools.permutations(range(per_image + n))])
+               for n in other_captions]  # items 0 .. per_image - 1: the own captions
+        assert got[f"t2i_R_at_{k}"] == pytest.approx(100 * np.mean(t2i))
+        assert got[f"i2t_R_at_{k}"] == pytest.approx(100 * np.mean(i2t))
+    assert got["rsum"] == pytest.approx(sum(v for key, v in got.items() if key != "rsum"))
 
 
 def test_in_batch_top1_is_the_exact_expectation_over_batches():
