@@ -97,11 +97,24 @@ def test_benchmark_realism_tiny(capsys, tmp_path):
     assert rows["COCO 1k [P]"].split(" | ")[2].strip() == "520.5"
     ceiling = rows["ranks what is true first [C]"].strip(" |").split(" | ")
     assert 0 < float(ceiling[3]) <= 100 and 0 < float(ceiling[2]) <= 600
+    objects = rows["the same, reading objects, not relations or counts [C]"].strip(" |").split(" | ")
+    assert float(objects[2]) <= float(ceiling[2])  # a looser reading is true of more images
     run = rows["recipe sizes"].strip(" |").split(" | ")
     assert re.fullmatch(r"2 \(\d+\)", run[1]) and 0 <= float(run[2].split()[0]) <= 600
     rates = re.findall(r"(\d+): ([\d.]+) / ([\d.]+)", run[5])
     assert [int(e) for e, _, _ in rates] == [1, 2]  # the first two epochs (the last is the 2nd)
     assert all(0 <= float(v) <= 100 for _, a, b in rates for v in (a, b))
+
+
+def test_bag_of_objects_keeps_objects_and_background_only():
+    realism = load("benchmark_realism")
+    red, blue = {"colour": "red", "hpos": "left"}, {"shape": "square"}
+    meaning = [{"kind": "relation", "rel": "left_of", "a": red, "b": blue},
+               {"kind": "count", "desc": blue, "n": 3}, {"kind": "count", "desc": red, "n": 0},
+               {"kind": "total", "n": 5}, {"kind": "background", "hue": "grey"}]
+    assert realism.bag_of_objects(meaning) == [
+        {"kind": "exists", "desc": red}, {"kind": "exists", "desc": blue},
+        {"kind": "exists", "desc": blue}, {"kind": "background", "hue": "grey"}]
 
 
 def test_ceiling_recalls_against_every_order_of_the_ties():
