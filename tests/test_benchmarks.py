@@ -1,12 +1,14 @@
 """The benchmark scripts run end to end on small inputs (their timings are not tested)."""
 
 import importlib.util
+import itertools
 import re
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -72,10 +74,12 @@ def test_eval_speed_small(capsys, monkeypatch):
 
 
 def test_benchmark_realism_tiny(capsys, tmp_path):
-    """The realism table end to end on the tiny preset: COCO's column from eccv-caption's files
-    (CxC gives 0.42 extra images per caption among 5,000) and the preset's exact statistics."""
+    """The realism tables end to end on the tiny preset: COCO's column from eccv-caption's files
+    (CxC gives 0.42 extra images per caption among 5,000), the preset's exact statistics, the
+    region probes beside BUTD's figures, and a two-epoch learnability run beside the papers'."""
     realism = load("benchmark_realism")
-    realism.main(["--workspace", str(tmp_path), "--presets", "tiny"])
+    realism.main(["--workspace", str(tmp_path), "--presets", "tiny", "--learnability",
+                  "--epochs", "2", "--sizes", "recipe"])
     out = capsys.readouterr().out
     rows = {line.split(" | ")[0].strip("| "): line for line in out.splitlines()}
     coco, tiny = (c.strip() for c in rows["regions per image"].strip(" |").split(" | ")[1:3])
@@ -85,6 +89,72 @@ def test_benchmark_realism_tiny(capsys, tmp_path):
     mean, share = realism.batch_false_negatives(np.array([0, 10, 4999]), 4999, batch=128)
     assert mean == pytest.approx((0 + 10 + 4999) * 127 / 4999 / 3)
     assert share == pytest.approx((0 + (1 - _no_hit(10, 4999, 127)) + 1) / 3)
+    for attribute, classes in (("shape", 13), ("colour", 10), ("size", 3), ("texture", 5)):
+        cells = rows[f"{attribute} ({classes})"].strip(" |").split(" | ")
+        best, every, majority = map(float, re.findall(r"[\d.]+", cells[3]))
+        assert 0 <= majority <= 100 and 0 <= best <= 100 and 0 <= every <= 100
+    assert "10.2 %" in rows["shape (13)"]  # BUTD's object heads, cited
+    assert rows["COCO 1k [P]"].split(" | ")[2].strip() == "520.5"
+    ceiling = rows["ranks what is true first [C]"].strip(" |").split(" | ")
+    assert 0 < float(ceiling[3]) <= 100 and 0 < float(ceiling[2]) <= 600
+    objects = rows["the same, reading objects, not relations or counts [C]"].strip(" |").split(" | ")
+    assert float(objects[2]) <= float(ceiling[2])  # a looser reading is true of more images
+    run = rows["recipe sizes"].strip(" |").split(" | ")
+    assert re.fullmatch(r"2 \(\d+\)", run[1]) and 0 <= float(run[2].split()[0]) <= 600
+    rates = re.findall(r"(\d+): ([\d.]+) / ([\d.]+)", run[5])
+    assert [int(e) for e, _, _ in rates] == [1, 2]  # the first two epochs (the last is the 2nd)
+    assert all(0 <= float(v) <= 100 for _, a, b in rates for v in (a, b))
+
+
+def test_bag_of_objects_keeps_objects_and_background_only():
+    realism = load("benchmark_realism")
+    red, blue = {"colour": "red", "hpos": "left"}, {"shape": "square"}
+    meaning = [{"kind": "relation", "rel": "left_of", "a": red, "b": blue},
+               {"kind": "count", "desc": blue, "n": 3}, {"kind": "count", "desc": red, "n": 0},
+               {"kind": "total", "n": 5}, {"kind": "background", "hue": "grey"}]
+    assert realism.bag_of_objects(meaning) == [
+        {"kind": "exists", "desc": red}, {"kind": "exists", "desc": blue},
+        {"kind": "exists", "desc": blue}, {"kind": "background", "hue": "grey"}]
+
+
+def test_ceiling_recalls_against_every_order_of_the_ties():
+    """A model that ranks the true items first, in every order of them equally often: the share
+    of orders that put the own image (a caption's query) or an own caption (an image's) in the
+    first k."""
+    realism = load("benchmark_realism")
+    other_images, other_captions, per_image = np.array([0, 2, 4]), np.array([0, 1, 3]), 2
+    got = realism.ceiling_recalls(other_images, other_captions, per_image, ks=(1, 2, 3))
+    for k in (1, 2, 3):  # 3: more than some images' true captions
+        t2i = [np.mean([order.index(0) < k for order in itertools.permutations(range(1 + n))])
+               for n in other_images]  # item 0: the own image
+        i2t = [np.mean([min(order.index(c) for c in range(per_image)) < k
+                        for order in itertools.permutations(range(per_image + n))])
+               for n in other_captions]  # items 0 .. per_image - 1: the own captions
+        assert got[f"t2i_R_at_{k}"] == pytest.approx(100 * np.mean(t2i))
+        assert got[f"i2t_R_at_{k}"] == pytest.approx(100 * np.mean(i2t))
+    assert got["rsum"] == pytest.approx(sum(v for key, v in got.items() if key != "rsum"))
+
+
+def test_in_batch_top1_is_the_exact_expectation_over_batches():
+    """Against every batch: the share of (query, batch) pairs whose positive is ranked first,
+    averaged over all ways to draw the batch's other candidates."""
+    realism = load("benchmark_realism")
+    rng = np.random.default_rng(0)
+    n_img, per_image, batch = 6, 2, 4
+    img = torch.from_numpy(rng.standard_normal((n_img, 3)).astype(np.float32))
+    cap = torch.from_numpy(rng.standard_normal((n_img * per_image, 3)).astype(np.float32))
+    caption_image = torch.arange(n_img).repeat_interleave(per_image)
+    sims = (img @ cap.t()).numpy()
+    t2i, i2t = [], []
+    for c, p in enumerate(caption_image.tolist()):
+        others = [j for j in range(n_img) if j != p]
+        t2i += [np.mean([sims[p, c] > sims[list(s), c].max()
+                         for s in itertools.combinations(others, batch - 1)])]
+        foreign = [k for k in range(len(cap)) if caption_image[k] != p]
+        i2t += [np.mean([sims[p, c] > sims[p, list(s)].max()
+                         for s in itertools.combinations(foreign, batch - 1)])]
+    got_i2t, got_t2i = realism.in_batch_top1(img, cap, caption_image, batch=batch, chunk=4)
+    assert got_i2t == pytest.approx(np.mean(i2t)) and got_t2i == pytest.approx(np.mean(t2i))
 
 
 def _no_hit(positives: int, others: int, draws: int) -> float:

@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from icr.config import ExperimentConfig, from_flat
 from icr.data import cxc, entities, karpathy, precomp
 from icr.data.synthetic import grammar, regions, writer
+from icr.data.synthetic.detector import load_detector, region_features
 from icr.data.synthetic.lexicon import HYPERNYMS, SHAPE_CONCEPTS, SHAPES
-from icr.data.synthetic.regions import RegionFeatureExtractor
 from icr.data.synthetic.render import render_scene
 from icr.data.synthetic.semantics import TruthTable, holds, matches
 from icr.data.synthetic.world import ATTRIBUTES, Background, Scene, SceneObject, position_words
@@ -103,10 +104,11 @@ def test_interrupted_generation_leaves_no_dataset(tmp_path, monkeypatch):
     monkeypatch.setattr(writer, "_write_cxc", boom)  # after images, precomp and entities
     with pytest.raises(KeyboardInterrupt):
         writer.generate(tmp_path / "broken", "tiny", 0)
-    assert list(tmp_path.iterdir()) == []
+    # the trained detector stays in its cache (it is not the dataset's); nothing else does
+    assert [p.name for p in tmp_path.iterdir()] == [writer.DETECTOR_CACHE]
     with pytest.raises(KeyboardInterrupt):
         writer.ensure_benchmark(tmp_path / "broken", "tiny", 0)
-    assert list(tmp_path.iterdir()) == []
+    assert [p.name for p in tmp_path.iterdir()] == [writer.DETECTOR_CACHE]
 
 
 def test_ensure_benchmark_generates_once_then_reuses(tmp_path, monkeypatch, tiny_hashes):
@@ -364,47 +366,71 @@ def _check_entities_image(image, raw_captions, record):
 # ------------------------------------------------------------------------------ region features
 
 
+@pytest.fixture(scope="session")
+def tiny_detector(tiny):
+    """The tiny preset's detector, from the cache the generation left beside the folder."""
+    cache = tiny.parent / writer.DETECTOR_CACHE
+    trained = load_detector(TINY.detector, cache, writer.GENERATOR_VERSION)
+    assert trained.describe() == writer.read_manifest(tiny)["detector"]  # the one that made it
+    return trained.build(TINY.image_size)
+
+
 def _single_object_scene(cx: float, cy: float, colour_rgb, tone: str, bg_rgb) -> Scene:
     h, v = position_words(cx, cy, 96)
     obj = SceneObject("star", "red", "large", "striped", cx, cy, 22.0, 0.0, colour_rgb, h, v)
     return Scene(96, Background(tone, "grey", bg_rgb, 6.0, 15.0, 0.5), (obj,))
 
 
-def _object_feature(scene: Scene, seed: int) -> np.ndarray:
+def _object_feature(detector, scene: Scene, seed: int) -> np.ndarray:
     rendering = render_scene(scene, np.random.default_rng(seed))
-    box = np.asarray([rendering.boxes[0]], dtype=np.float32)
-    return RegionFeatureExtractor().image_features(rendering.pixels, box)[0]
+    box = np.asarray([[rendering.boxes[0]]], dtype=np.float32)  # (1, 1, 4)
+    return region_features(detector, rendering.pixels[None], box)[0, 0]
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
 
 
-def test_region_features_of_equal_objects_are_similar_not_equal():
+def test_region_features_of_equal_objects_are_similar_not_equal(tiny_detector):
     red = (214, 39, 40)
-    a = _object_feature(_single_object_scene(15.0, 16.0, red, "dark", (30, 35, 40)), seed=1)
-    b = _object_feature(_single_object_scene(44.0, 47.0, red, "dark", (55, 40, 45)), seed=2)
-    blue = _object_feature(_single_object_scene(44.0, 47.0, (40, 80, 220), "dark", (55, 40, 45)), 2)
+    a = _object_feature(tiny_detector, _single_object_scene(15.0, 16.0, red, "dark", (30, 35, 40)), 1)
+    b = _object_feature(tiny_detector, _single_object_scene(44.0, 47.0, red, "dark", (55, 40, 45)), 2)
+    blue = _object_feature(tiny_detector,
+                           _single_object_scene(44.0, 47.0, (40, 80, 220), "dark", (55, 40, 45)), 2)
     assert not np.allclose(a, b, atol=1e-3)
     assert _cosine(a, b) > 0.9
     assert 1 - _cosine(a, b) < 0.5 * (1 - _cosine(blue, b))  # colour moves it more than place
 
 
-def test_stored_features_are_computed_from_the_png_pixels(tiny, scenes):
+def test_stored_features_are_computed_from_the_png_pixels(tiny, scenes, tiny_detector):
     pc = precomp.load_precomp(tiny / "precomp", "val", mmap=False)
-    extractor = RegionFeatureExtractor(dim=TINY.feature_dim)
     name = pc.images.image_ids[0]
     pixels = np.asarray(Image.open(tiny / "images" / name).convert("RGB"))
     boxes = pc.boxes[0]
-    np.testing.assert_allclose(extractor.image_features(pixels, boxes), pc.features[0], atol=1e-5)
+    features = region_features(tiny_detector, pixels[None], boxes[None])[0]  # (R, D)
+    np.testing.assert_array_equal(features, pc.features[0])
     owner = scenes[name]["region_owner"]
     r = owner.index(0)  # the region of object 0
     x0, y0, x1, y1 = (int(v) for v in scenes[name]["scene"]["objects"][0]["bbox"])
     recoloured = pixels.copy()
     recoloured[y0:y1, x0:x1] = recoloured[y0:y1, x0:x1, ::-1]  # swap red and blue there only
-    after = extractor.image_features(recoloured, boxes)
+    after = region_features(tiny_detector, recoloured[None], boxes[None])[0]
     assert not np.allclose(after[r], pc.features[0][r], atol=1e-3)
+    # The backbone's receptive field (15 px) and RoIAlign's bilinear reach (4 px): a region
+    # farther than that from the recoloured pixels keeps its feature (up to rounding: a fast
+    # convolution may compute neighbouring outputs together).
     far = [i for i, b in enumerate(boxes)
-           if b[0] >= x1 + 3 or b[2] <= x0 - 3 or b[1] >= y1 + 3 or b[3] <= y0 - 3]
-    for i in far:  # regions that do not touch the recoloured pixels keep their features
-        np.testing.assert_allclose(after[i], pc.features[0][i], atol=1e-5)
+           if b[0] >= x1 + 16 or b[2] <= x0 - 16 or b[1] >= y1 + 16 or b[3] <= y0 - 16]
+    assert far
+    for i in far:
+        np.testing.assert_allclose(after[i], pc.features[0][i], rtol=1e-5, atol=1e-6)
+
+
+def test_every_preset_is_a_config_value_and_2048_shares_the_default_images():
+    for name in writer.PRESETS:
+        assert from_flat({"data.preset": name}, ExperimentConfig()).data.preset == name
+    wide, default = writer.PRESETS["default-2048"], writer.PRESETS["default"]
+    assert wide.feature_dim == 2048 and default.feature_dim == 128
+    a, b = (writer.generate_image(0, 7, "train", p) for p in (default, wide))
+    assert np.array_equal(a.pixels, b.pixels) and [c.raw for c in a.captions] == [c.raw for c in b.captions]
+    assert np.array_equal(a.region_boxes, b.region_boxes)

@@ -17,11 +17,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preset", choices=sorted(PRESETS), default="default")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--overwrite", action="store_true", help="replace an existing folder")
+    parser.add_argument("--detector-cache", help="folder of trained region detectors (default: "
+                        "shapes-detectors beside --out)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     start = time.perf_counter()
     try:
-        out = generate(args.out, args.preset, args.seed, overwrite=args.overwrite)
+        out = generate(args.out, args.preset, args.seed, overwrite=args.overwrite,
+                       detector_cache=args.detector_cache)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -5,8 +5,8 @@ Layout of a generated folder::
     MANIFEST.json            preset, seed, counts, generator version, fingerprint of every file
     dataset_shapes.json      Karpathy split JSON (images/shapes_{imgid:06d}.png, 5 captions each)
     images/*.png
-    precomp/{split}_ims.npy  (N, R, D) float32 region features (from pixels), {split}_boxes.npy,
-            {split}_caps.txt, {split}_ids.txt (image file names)
+    precomp/{split}_ims.npy  (N, R, D) float32 region features (the detector's, from pixels),
+            {split}_boxes.npy, {split}_caps.txt, {split}_ids.txt (image file names)
     entities/Sentences/<stem>.txt, entities/Annotations/<stem>.xml, entities/{split}.txt
     cxc/sits_{val,test}.csv  captions true of *other* images of the split (agg_score 5.0)
     relevance/semantic_{val,test}.npy
@@ -16,8 +16,14 @@ Layout of a generated folder::
                              per caption, its meaning and which attributes of which objects it states
 
 Every random choice is drawn from streams derived from ``(seed, imgid)``, files carry no timestamps
-and JSON keys are sorted, so a preset and a seed give byte-identical files. The folder appears only
-when complete: everything is written to a hidden temporary sibling that is renamed at the end.
+and JSON keys are sorted, so a preset and a seed give byte-identical files (with the same trained
+detector: :mod:`.detector` says when that holds). The folder appears only when complete: everything
+is written to a hidden temporary sibling that is renamed at the end.
+
+The region features come from a detector trained once per definition on scenes of its own seed
+stream (:mod:`.detector`), cached in ``shapes-detectors/`` beside the benchmark folder unless the
+caller names another folder. Its training runs in one worker while the others generate the images;
+then every worker computes the features of its blocks.
 """
 
 from __future__ import annotations
@@ -31,9 +37,8 @@ import multiprocessing
 import os
 import shutil
 import tempfile
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from dataclasses import dataclass
-from itertools import repeat
 from pathlib import Path
 
 import numpy as np
@@ -51,8 +56,14 @@ from icr.data.entities import (
 from icr.data.karpathy import write_karpathy_json
 from icr.data.precomp import write_precomp
 from icr.data.relevance import save_relevance
+from icr.data.synthetic.detector import (
+    DetectorSpec,
+    TrainedDetector,
+    load_detector,
+    region_features,
+)
 from icr.data.synthetic.grammar import BACKGROUND_KEY, Caption, Specificity, sample_captions
-from icr.data.synthetic.regions import RegionFeatureExtractor, crop_regions, region_boxes
+from icr.data.synthetic.regions import region_boxes
 from icr.data.synthetic.relevance import caption_relevance
 from icr.data.synthetic.render import render_scene
 from icr.data.synthetic.semantics import TruthTable
@@ -64,14 +75,24 @@ logger = logging.getLogger(__name__)
 # shapes-2: adds relevance/; every other file is as in shapes-1 (but for this version string)
 # shapes-3: calibrated to COCO (benchmarks/benchmark_realism.py): 3-8 objects at 96 x 96, a larger
 #   lexicon with synonyms and hypernyms, specific captions, 36 BUTD-like regions, background hues
-GENERATOR_VERSION = "shapes-3"
+# shapes-4: region features from a detector trained to classify the boxes' objects and attributes
+#   (detector.py) instead of a fixed random extractor; images, captions, boxes and every other file
+#   as in shapes-3; the manifest describes the detector
+GENERATOR_VERSION = "shapes-4"
 DATASET_NAME = "shapes"
 SPLITS = ("train", "val", "test")
 CXC_PREFIX = "shapes"
 RELEVANCE_DIR = "relevance"
 CHAINS_PER_IMAGE = 512  # chain id = imgid * 512 + key, key in 1..256 (grammar chain keys)
 REFERENCE_SCENES = 2000  # scenes the specificity of captions is decided against
+DETECTOR_CACHE = "shapes-detectors"  # default cache folder of trained detectors, beside the data
 _BLOCK = 250  # images per work unit
+# The detector of every preset but tiny: sized for 2 CPU cores (trained in about 2 minutes).
+DETECTOR = DetectorSpec()
+# tiny (tests, --smoke): the same network, thin and briefly trained (2 CPU s): its features carry
+# colour, size and the background, little of shape (its held-out heads: colour 0.69, size 0.59).
+TINY_DETECTOR = DetectorSpec(channels=(8, 16, 16), roi=4, scenes=64, eval_scenes=16, epochs=12,
+                             batch_size=4, lr=3e-3)
 
 
 @dataclass(frozen=True)
@@ -84,17 +105,25 @@ class Preset:
     test: int
     image_size: int = 96
     regions: int = 36  # R: boxes per image in the precomputed features (BUTD: 36)
-    feature_dim: int = 128  # D
     captions_per_image: int = 5
+    detector: DetectorSpec = DETECTOR  # what computes the region features
+
+    @property
+    def feature_dim(self) -> int:
+        """``D``: the detector's feature size."""
+        return self.detector.feature_dim
 
     def count(self, split: str) -> int:
         return getattr(self, split)
 
 
 PRESETS = {
-    "tiny": Preset("tiny", 40, 12, 12),
+    "tiny": Preset("tiny", 40, 12, 12, detector=TINY_DETECTOR),
     "small": Preset("small", 600, 100, 100),
     "default": Preset("default", 4000, 500, 500),
+    # the default's images and captions with BUTD's 2048-d features, for GPU runs (1.5 GB)
+    "default-2048": Preset("default-2048", 4000, 500, 500,
+                           detector=DetectorSpec(feature_dim=2048)),
 }
 
 
@@ -159,39 +188,70 @@ def _image_plan(preset: Preset) -> list[tuple[int, str]]:
 
 def _generate_block(folder: Path, seed: int, preset: Preset, items: list[tuple[int, str]]
                     ) -> list[GeneratedImage]:
-    """Generate a block of images, write their per-image files, compute their region features.
+    """Generate a block of images and write their per-image files (PNG, entities).
 
     Runs in a worker process for large presets; its output does not depend on how images are
-    split into blocks (per-image random streams, fixed-size feature chunks).
+    split into blocks (per-image random streams). The pixels stay for :func:`_block_features`.
     """
     images = [generate_image(seed, imgid, split, preset) for imgid, split in items]
-    extractor = RegionFeatureExtractor(dim=preset.feature_dim)
-    crops = np.concatenate([crop_regions(im.pixels, im.region_boxes) for im in images])
-    features = extractor(crops).reshape(len(images), preset.regions, preset.feature_dim)  # (B, R, D)
-    for im, f in zip(images, features, strict=True):
-        im.features = f
+    for im in images:
         Image.fromarray(im.pixels).save(folder / "images" / im.filename, format="PNG",
                                         compress_level=6)
         _write_entity_files(folder / "entities", im)
-        im.pixels = np.empty((0, 0, 3), dtype=np.uint8)  # written; not needed any more
     return images
 
 
-def _generate_all(folder: Path, preset: Preset, seed: int, workers: int
-                  ) -> dict[str, list[GeneratedImage]]:
+def _block_features(detector: TrainedDetector, pixels: np.ndarray, boxes: np.ndarray,
+                    image_size: int) -> np.ndarray:
+    """``(B, R, D)`` region features of a block's ``(B, H, W, 3)`` images and ``(B, R, 4)`` boxes."""
+    return region_features(detector.build(image_size), pixels, boxes)
+
+
+class _InProcess(Executor):
+    """An executor that runs each call at once, in this process (``workers=1``)."""
+
+    def submit(self, fn, /, *args, **kwargs):  # noqa: ANN001, ANN201 - Executor's signature
+        future: Future = Future()
+        future.set_result(fn(*args, **kwargs))
+        return future
+
+
+def _executor(workers: int) -> Executor:
+    if workers > 1:
+        # spawn: safe whatever the caller imported (threads, CUDA)
+        return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+    return _InProcess()
+
+
+def _generate_all(folder: Path, preset: Preset, seed: int, workers: int, detector_cache: Path
+                  ) -> tuple[dict[str, list[GeneratedImage]], TrainedDetector]:
+    """Every image, with its region features, and the detector that computed them.
+
+    The detector is loaded (or trained: minutes) in one worker while the others generate the
+    images' blocks; then the workers compute the features block by block.
+    """
     (folder / "images").mkdir(parents=True)
     plan = _image_plan(preset)
     blocks = [plan[i:i + _BLOCK] for i in range(0, len(plan), _BLOCK)]
-    if workers > 1 and len(blocks) > 1:
-        context = multiprocessing.get_context("spawn")  # safe whatever the caller imported
-        with ProcessPoolExecutor(workers, mp_context=context) as pool:
-            done = list(pool.map(_generate_block, repeat(folder), repeat(seed), repeat(preset), blocks))
-    else:
-        done = [_generate_block(folder, seed, preset, b) for b in blocks]
+    with _executor(workers) as pool:
+        detector_job = pool.submit(load_detector, preset.detector, detector_cache,
+                                   GENERATOR_VERSION, preset.image_size, preset.regions)
+        block_jobs = [pool.submit(_generate_block, folder, seed, preset, b) for b in blocks]
+        detector = detector_job.result()
+        done = [job.result() for job in block_jobs]
+        feature_jobs = [
+            pool.submit(_block_features, detector, np.stack([im.pixels for im in block]),
+                        np.stack([im.region_boxes for im in block]), preset.image_size)
+            for block in done
+        ]
+        for block, job in zip(done, feature_jobs, strict=True):
+            for im, features in zip(block, job.result(), strict=True):  # (R, D) each
+                im.features = features
+                im.pixels = np.empty((0, 0, 3), dtype=np.uint8)  # written; not needed any more
     splits: dict[str, list[GeneratedImage]] = {s: [] for s in SPLITS}
     for im in (im for block in done for im in block):
         splits[im.split].append(im)
-    return splits
+    return splits, detector
 
 
 # ------------------------------------------------------------------------------------ writers
@@ -314,9 +374,11 @@ def fingerprint(folder: Path) -> str:
     return h.hexdigest()
 
 
-def write_benchmark(folder: Path, preset: Preset, seed: int, workers: int = 1) -> dict:
+def write_benchmark(folder: Path, preset: Preset, seed: int, workers: int = 1,
+                    detector_cache: Path | None = None) -> dict:
     """Generate and write everything into ``folder`` (not atomic; see :func:`generate`)."""
-    splits = _generate_all(folder, preset, seed, workers)
+    cache = detector_cache if detector_cache is not None else folder.parent / DETECTOR_CACHE
+    splits, detector = _generate_all(folder, preset, seed, workers, cache)
     for split in SPLITS:
         write_split_ids(folder / "entities" / f"{split}.txt", [im.stem for im in splits[split]])
         _write_precomp(folder / "precomp", split, splits[split])
@@ -334,6 +396,7 @@ def write_benchmark(folder: Path, preset: Preset, seed: int, workers: int = 1) -
                        "captions": len(splits[s]) * preset.captions_per_image,
                        **({"cxc_pairs": cxc_counts[s]} if s in cxc_counts else {})} for s in SPLITS},
         "relevance": {"semantic": relevance},
+        "detector": detector.describe(),
         "fingerprint": fingerprint(folder),
     }
     _write_json(folder / "MANIFEST.json", manifest, indent=1)
@@ -371,6 +434,7 @@ def generate(
     seed: int = 0,
     overwrite: bool = False,
     workers: int | None = None,
+    detector_cache: str | Path | None = None,
 ) -> Path:
     """Generate the benchmark into ``out_dir`` atomically and return ``out_dir``.
 
@@ -385,6 +449,8 @@ def generate(
         overwrite: replace an existing ``out_dir`` (atomically, once the new one is complete).
         workers: processes for image generation (``None``: up to 2, by CPU count); the files do
             not depend on it.
+        detector_cache: folder of trained detectors (``None``: ``shapes-detectors`` beside
+            ``out_dir``); the preset's detector is trained there first if it is not there yet.
 
     Raises:
         DataError: unknown preset, or ``out_dir`` exists and is not empty (and not ``overwrite``).
@@ -399,7 +465,8 @@ def generate(
         os.chmod(tmp, 0o755)
         if workers is None:
             workers = min(2, os.cpu_count() or 1)
-        manifest = write_benchmark(tmp, spec, seed, workers)
+        cache = Path(detector_cache) if detector_cache is not None else out.parent / DETECTOR_CACHE
+        manifest = write_benchmark(tmp, spec, seed, workers, cache)
         _replace(tmp, out, overwrite)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -460,13 +527,14 @@ def _remove_stale(root: Path) -> None:
         shutil.rmtree(aside, ignore_errors=True)
 
 
-def ensure_benchmark(root: str | Path, preset: str = "default", seed: int = 0) -> Path:
+def ensure_benchmark(root: str | Path, preset: str = "default", seed: int = 0,
+                     detector_cache: str | Path | None = None) -> Path:
     """Return the benchmark folder ``root``, generating it first if it does not exist yet.
 
     A complete folder (one with a ``MANIFEST.json`` of the same preset, seed and generator version)
     is reused as is; one of the same preset and seed written by an older generator version is
     deleted and generated again. Another process generating or upgrading the same folder at the
-    same time is harmless.
+    same time is harmless. ``detector_cache`` is :func:`generate`'s.
 
     Raises:
         DataError: ``root`` holds something else (another preset or seed, a newer or unknown
@@ -495,7 +563,7 @@ def ensure_benchmark(root: str | Path, preset: str = "default", seed: int = 0) -
         raise DataError(f"{root}: exists but has no MANIFEST.json (an incomplete or foreign folder); "
                         "delete it to regenerate the benchmark")
     try:
-        return generate(root, preset, seed)
+        return generate(root, preset, seed, detector_cache=detector_cache)
     except OSError:
         manifest = read_manifest(root)  # another process won the race
         if manifest is None:
