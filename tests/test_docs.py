@@ -19,7 +19,7 @@ THIS = Path(__file__).resolve()
 
 # Documents of the authors' workspace that a clone does not have: their notes, design, style guide,
 # machine notes and the papers' texts (cite a paper by authors, venue, section and equation).
-OUTSIDE = re.compile(r"REFERENCE_NOTES|\bDESIGN\.md|\bSTYLE\.md|\bDEVICE\.md|\bpapers/[\w.-]+\.txt|\.\./shared/")
+OUTSIDE = re.compile(r"REFERENCE_NOTES|\bDESIGN\.md|\bSTYLE\.md|\bDEVICE\.md|\bpapers/[\w.*-]+\.txt|\.\./shared/")
 # A document: a page of docs/ or an upper-case name (README.md); a report's table.md is an output.
 CITED_DOC = re.compile(r"(?<![\w/.-])(docs/[\w-]+\.md|[A-Z][A-Z_]+\.md)\b")
 MD_LINK = re.compile(r"\]\(([^)\s]+)\)")

@@ -1,7 +1,7 @@
 """Each study's ``paper`` recipe holds the values its paper states (written out here, with the
 paper's section), and ``--recipe`` / ``--plan`` / grids / per-condition epochs work.
 
-The expected values are copied from the papers (``papers/*.txt`` in the project's reading list)
+The expected values are copied from the papers (cited by authors, venue and section)
 and the reference code, never from the study modules."""
 
 from __future__ import annotations
