@@ -13,7 +13,9 @@ what the driver had recorded: restored from it, a trial would train again an epo
 holds and go on from another model, or (one checkpoint kept) fail, its saved checkpoint deleted
 since. So each checkpoint carries the result it came with (its *mark*), written by the trial into
 the checkpoint before Tune copies it to storage, with the size of every file, so that a copy cut
-short by a kill is not taken for one (:func:`marked_checkpoints`); and a trial continues after
+short by a kill is not taken for one (:func:`marked_checkpoints`); the driver records the result
+only once its checkpoint carries it (:meth:`studies.tracking.MlflowTrialCallback.on_checkpoint`,
+which marks a checkpoint that came without a mark); and a trial continues after
 the newest whole marked checkpoint of its folder (:func:`resume_point`), never older than Tune's
 own, also when Tune's is gone (:func:`studies.frameworks.tune.labelled_trainable`): every epoch
 MLflow holds is one a restored trial continues after, and the record matches the run.
@@ -151,15 +153,10 @@ def _same(a: tune.Checkpoint, b: tune.Checkpoint) -> bool:
 
 
 class MarkReported(tune.Callback):
-    """Marks a checkpoint that came without a mark with the result it came with (a trial marks
-    its checkpoints itself, :func:`run_trial`; a trial started before it did does not). It must
-    come before the MLflow callback, which records a result that came with a checkpoint only
-    after this (see the module docstring)."""
-
-    def on_checkpoint(self, iteration: int, trials: list, trial: Any, checkpoint: Any, **info: Any) -> None:
-        result = trial.last_result or {}
-        if "epoch" in result and _mark_of(checkpoint) is None:
-            mark(checkpoint, result)
+    """Does nothing: the name a Tune experiment saved before its driver's MLflow callback marked
+    checkpoints itself holds among its pickled callbacks, so that such an experiment restores.
+    A checkpoint without a mark is marked, then recorded, by
+    :meth:`studies.tracking.MlflowTrialCallback.on_checkpoint`."""
 
 
 def _use_assigned_cpus() -> None:
@@ -201,13 +198,13 @@ def marked_checkpoints(folder: str) -> list[tuple[tune.Checkpoint, dict[str, Any
         if info.type != pyarrow.fs.FileType.Directory or not info.base_name.startswith("checkpoint_"):
             continue
         checkpoint = tune.Checkpoint(info.path, filesystem=fs)
-        record = _mark_of(checkpoint)
+        record = mark_of(checkpoint)
         if record is not None:
             found.append((checkpoint, record))
     return found
 
 
-def _mark_of(checkpoint: tune.Checkpoint) -> dict[str, Any] | None:
+def mark_of(checkpoint: tune.Checkpoint) -> dict[str, Any] | None:
     """The result a whole checkpoint was marked with; ``None`` when unmarked or not whole."""
     try:
         metadata = checkpoint.get_metadata()

@@ -52,7 +52,7 @@ from studies.session import Interrupted, Session
 from studies.signals import StudyIncomplete
 from studies.space import ConditionalSpace, grid_points
 from studies.tracking import PARENT_TAG, MlflowTrialCallback, error_line
-from studies.trainable import MarkReported, TrialJob, failed_in_training, run_trial
+from studies.trainable import TrialJob, failed_in_training, run_trial
 from studies.trials import KEY, TrialSpec, spec_of
 
 log = logging.getLogger(__name__)
@@ -243,9 +243,7 @@ def run_tuner(
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
             # Tune's JSON and CSV logs (what ResultGrid reads), not its TensorBoard logger, which
             # cannot log an epoch's trajectory rows (auto loggers are off: set_quiet_environment).
-            # MarkReported before the MLflow callback: a checkpoint is marked before its result
-            # is recorded (studies.trainable).
-            callbacks=[MarkReported(), callback,
+            callbacks=[callback,
                        progress_callback(session, job.phase, conditions, title, expected),
                        EpochJsonLogger(), EpochCsvLogger()],
             verbose=session.verbose,
