@@ -50,7 +50,7 @@ from ray.tune import Callback
 from icr.errors import UserError
 from studies.frameworks import mlflow as mlflow_adapter
 from studies.frameworks.tune import BOOKKEEPING, CHECKPOINT_DIR, trial_error
-from studies.trainable import mark, mark_of
+from studies.marks import mark, mark_of
 from studies.trials import spec_of
 
 log = logging.getLogger(__name__)

@@ -272,7 +272,7 @@ def test_a_checkpoint_that_came_without_a_mark_is_marked_then_recorded(tracker, 
     from ray import tune
 
     from studies.frameworks.tune import CHECKPOINT_DIR
-    from studies.trainable import mark, mark_of
+    from studies.marks import mark, mark_of
 
     parent = tracker.create_run("study", {"icr.role": "study"})
     callback = MlflowTrialCallback(tracker, parent, {"study": "t"}, {"lag": "fp"}, {"lag": 3})
