@@ -38,6 +38,7 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from icr.data.targets import model_identity
 from icr.errors import ConfigError
 from icr.grounding.words import DEFAULT_WORD_MODEL, WordEncoder
 from icr.io import write_atomic
@@ -399,8 +400,6 @@ class PretrainedMaskedLM:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
         from transformers import AutoModelForMaskedLM, AutoTokenizer
-
-        from icr.data.targets import model_identity
 
         try:
             tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)

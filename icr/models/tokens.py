@@ -29,7 +29,9 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from icr.errors import ConfigError
-from icr.models.text import GRUCaptionEncoder
+from icr.models.image import IMAGE_ENCODERS, maybe_load_weights
+from icr.models.pooling import POOLINGS
+from icr.models.text import TEXT_ENCODERS, GRUCaptionEncoder
 
 logger = logging.getLogger(__name__)
 
@@ -425,10 +427,6 @@ class PooledEncoder(nn.Module):
 
 
 def _registries() -> tuple[Any, Any, Any]:
-    from icr.models.image import IMAGE_ENCODERS
-    from icr.models.pooling import POOLINGS
-    from icr.models.text import TEXT_ENCODERS
-
     return IMAGE_ENCODERS, TEXT_ENCODERS, POOLINGS
 
 
@@ -443,8 +441,6 @@ def regions(
     """Precomputed regions (SCAN / BUTD layout) to one vector: each region (its standardised
     feature, its normalised box appended when available) through a two-layer MLP, then the
     per-dimension maximum over the regions. No backbone to freeze: the detector ran offline."""
-    from icr.models.image import maybe_load_weights
-
     encoder = PooledEncoder(RegionTokenEncoder(in_dim, hidden_dim, output_dim),
                             _POOLINGS.build("max", dim=output_dim))
     maybe_load_weights(encoder, "regions", pretrained, weights_path)
