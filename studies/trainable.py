@@ -31,8 +31,10 @@ from pathlib import Path
 from typing import Any
 
 import ray
+import torch
 from ray import tune
 
+import icr.train
 from icr.train.seam import EpochReport
 from icr.workspace import Workspace
 from studies.frameworks.tune import trial_folder
@@ -60,15 +62,9 @@ def tune_record(report: EpochReport) -> dict[str, Any]:
             "artifacts": list(report.artifacts), "final": report.final}
 
 
-def default_fit() -> FitFn:
-    from icr.train import fit
-
-    return fit
-
-
 def run_trial(trial_config: dict[str, Any], *, job: TrialJob, fit: FitFn | None = None) -> None:
     """Train one trial; Tune calls this in a worker process."""
-    fit = fit or default_fit()
+    fit = fit or icr.train.fit
     config = spec_of(trial_config).config
     _use_assigned_cpus()
 
@@ -161,6 +157,4 @@ def _use_assigned_cpus() -> None:
     cpus = ray.get_runtime_context().get_assigned_resources().get("CPU")
     if cpus and "OMP_NUM_THREADS" not in os.environ:
         os.environ["OMP_NUM_THREADS"] = str(max(1, int(cpus)))
-    import torch
-
     torch.set_num_threads(max(1, int(cpus or torch.get_num_threads())))

@@ -32,6 +32,7 @@ from typing import Any
 
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+from tqdm.auto import tqdm
 
 from studies.frameworks.optuna import GridOnceSampler
 from studies.frameworks.tune import (
@@ -155,8 +156,6 @@ class ProgressCallback(tune.Callback):
             self._write(line)
             return
         if self._tqdm is None:
-            from tqdm.auto import tqdm
-
             self._tqdm = tqdm(total=self.progress.expected, desc=self.progress.title, unit="trial",
                               bar_format="{desc} {n}/{total} trials |{bar}| {postfix}")
         self._tqdm.n = sum(s.state == DONE for s in states)

@@ -39,7 +39,10 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
+
 from studies.frameworks import FrameworkChanged
+from studies.launcher import free_port
 
 if TYPE_CHECKING:
     from mlflow.entities import Metric
@@ -54,8 +57,6 @@ _MAX_FLOAT = 1.7976931348623157e308  # MLflow stores +-inf as +-this (SQL has no
 def tag_value_limit() -> int:
     """The longest tag value MLflow stores whole (8,000 characters in 3.17.2); longer ones it
     truncates with a warning."""
-    from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
-
     return MAX_TAG_VAL_LENGTH
 
 
@@ -237,8 +238,6 @@ def loopback_server(backend_store_uri: str, folder: Path, workers: int = 1,
         RuntimeError: the server exited, or did not answer within ``timeout`` seconds (the
             message ends with the last line of its log).
     """
-    from studies.launcher import free_port
-
     folder.mkdir(parents=True, exist_ok=True)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
