@@ -7,10 +7,10 @@ Everything else records through MLflow's public client. Two things cannot be don
   than the 50 epochs a second that one driver recording every trial of a study needs (an epoch
   is about 40 metrics and 60 trajectory rows of 4 terms, 280 values).
   ``benchmarks/tracking_throughput.py`` measures both: 4 trials x 10 epochs on a local store,
-  run creation included, recorded 13.5 epoch records/s through the synchronous ``log_batch``,
-  7.6 through the asynchronous one and 64.2 through these transactions (4.8 times the
-  synchronous rate), on 2026-11-26 at commit b531192, 2 CPU cores shared with other work (load
-  average 4.5 to 5.4).
+  run creation included, recorded 25.1 epoch records/s through the synchronous ``log_batch``,
+  15.1 through the asynchronous one and 120.2 through these transactions (4.8 times the
+  synchronous rate) on 2 CPU cores at load average 1.5; 13.5, 7.6 and 64.2 (4.8 times) beside
+  other work at load average 4.5 to 5.4 (2026-11-26, commits cde4135 and b531192).
 - :func:`relocate_artifacts`: MLflow has no API that changes an experiment's artifact location.
 
 Both write MLflow's tables (``metrics``, ``latest_metrics``, ``experiments``, ``runs``) as the
