@@ -429,14 +429,7 @@ class PooledEncoder(nn.Module):
         return self.tokens.backbone_parameters()
 
 
-def _registries() -> tuple[Any, Any, Any]:
-    return IMAGE_ENCODERS, TEXT_ENCODERS, POOLINGS
-
-
-_IMAGE, _TEXT, _POOLINGS = _registries()
-
-
-@_IMAGE.register("regions", input="regions")
+@IMAGE_ENCODERS.register("regions", input="regions")
 def regions(
     *, in_dim: int, hidden_dim: int, output_dim: int, pretrained: bool = False,
     weights_path: str | None = None,
@@ -445,19 +438,19 @@ def regions(
     feature, its normalised box appended when available) through a two-layer MLP, then the
     per-dimension maximum over the regions. No backbone to freeze: the detector ran offline."""
     encoder = PooledEncoder(RegionTokenEncoder(in_dim, hidden_dim, output_dim),
-                            _POOLINGS.build("max", dim=output_dim))
+                            POOLINGS.build("max", dim=output_dim))
     maybe_load_weights(encoder, "regions", pretrained, weights_path)
     return encoder
 
 
-@_IMAGE.register("region_tokens", input="regions")
+@IMAGE_ENCODERS.register("region_tokens", input="regions")
 def region_tokens(*, in_dim: int, hidden_dim: int, output_dim: int, pooling: str) -> PooledEncoder:
     """Per-region MLP over precomputed regions, pooled by ``image.pooling`` (VSE+2AD Section 3)."""
     encoder = RegionTokenEncoder(in_dim, hidden_dim, output_dim)
-    return PooledEncoder(encoder, _POOLINGS.build(pooling, dim=output_dim))
+    return PooledEncoder(encoder, POOLINGS.build(pooling, dim=output_dim))
 
 
-@_TEXT.register("gru_tokens", reads=("text.glove", "text.vocab_min_count"), input="vocab")
+@TEXT_ENCODERS.register("gru_tokens", reads=("text.glove", "text.vocab_min_count"), input="vocab")
 def gru_tokens(
     *, word_dim: int, hidden_dim: int, pooling: str, vocab_size: int,
     word_vectors: Tensor | None = None,
@@ -465,14 +458,14 @@ def gru_tokens(
     """A bi-GRU over words, directions averaged per token, pooled by ``text.pooling``."""
     encoder = GRUTokenEncoder(vocab_size, embed_dim=word_dim, hidden_dim=hidden_dim,
                               pretrained_embeddings=word_vectors)
-    return PooledEncoder(encoder, _POOLINGS.build(pooling, dim=hidden_dim))
+    return PooledEncoder(encoder, POOLINGS.build(pooling, dim=hidden_dim))
 
 
-@_TEXT.register("bert", input="wordpiece")
+@TEXT_ENCODERS.register("bert", input="wordpiece")
 def bert(*, bert_path: str, hidden_dim: int, pooling: str, bert_lr_factor: float,
          **context: object) -> PooledEncoder:
     """A BERT-architecture encoder from ``text.bert_path`` (default: the bundled MiniLM), its
     wordpieces projected to ``text.hidden_dim`` and pooled by ``text.pooling``; the transformer
     learns at ``optim.lr x text.bert_lr_factor``."""
     encoder = BertTokenEncoder(bert_path or None, output_dim=hidden_dim)
-    return PooledEncoder(encoder, _POOLINGS.build(pooling, dim=hidden_dim), bert_lr_factor)
+    return PooledEncoder(encoder, POOLINGS.build(pooling, dim=hidden_dim), bert_lr_factor)
