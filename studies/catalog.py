@@ -21,6 +21,7 @@ from pathlib import Path
 
 from icr.config import Scalar
 from icr.errors import ConfigError
+from studies import papers
 from studies.figures import Figure
 from studies.tables import Column, Table
 
@@ -191,8 +192,6 @@ def _declares_a_study(path: Path) -> bool:
 def all_studies() -> dict[str, Study]:
     """Every study of :mod:`studies.papers` by name: each module that declares ``STUDY``,
     found by scanning the package's sources and imported (only those are)."""
-    from studies import papers
-
     found: dict[str, Study] = {}
     for info in sorted(pkgutil.iter_modules(papers.__path__), key=lambda m: m.name):
         if not _declares_a_study(Path(info.module_finder.path) / f"{info.name}.py"):

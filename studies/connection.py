@@ -15,6 +15,7 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import grpc
 import ray
 
 from icr.errors import UserError
@@ -187,7 +188,6 @@ def _gcs_answer(host: str, port: int, timeout: float) -> str:
     ("UNAUTHENTICATED": a wrong or missing token; anything else: not a Ray GCS)."""
     if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
         return "OK"  # the plain-text probe cannot speak TLS; ray.init will tell
-    import grpc
 
     token = ray_internals.local_token()
     metadata = [("authorization", f"Bearer {token}")] if token else None

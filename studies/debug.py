@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import icr.train
 from icr.config import ExperimentConfig, to_flat, used_keys
 from icr.train.seam import EpochReport
 from studies.plan import StudyPlan
@@ -22,8 +23,7 @@ def run_debug(
     say: Callable[[str], None] = print,
 ) -> list[dict[str, float]]:
     config = plan.debug_config(condition)
-    if fit is None:
-        from icr.train import fit
+    fit = fit or icr.train.fit
     _describe(plan, config, say)
     history: list[dict[str, float]] = []
 

@@ -21,6 +21,10 @@ import contextlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import ray
+from ray import tune
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
 from icr.workspace import Workspace
 from studies.runs import RunSet
 from studies.tracking import PARENT_TAG, Tracker
@@ -32,11 +36,10 @@ Evaluator = Callable[[Sequence[str], str], dict[str, float]]
 def evaluate_members(checkpoints: Sequence[str], workspace: str) -> dict[str, float]:
     """The test metrics of the models at ``checkpoints`` as one ensemble (their test similarity
     matrices averaged), each read through Tune's ``Checkpoint`` (a remote one is downloaded)."""
-    import torch
-    from ray import tune
+    import torch  # lazy: keeps torch off python -m studies.report (this runs in a Ray task)
 
-    from icr.ensemble import evaluate_ensemble
-    from icr.train import load_run
+    from icr.ensemble import evaluate_ensemble  # lazy: keeps torch off python -m studies.report
+    from icr.train import load_run  # lazy: keeps torch off python -m studies.report
 
     root = Workspace.resolve(workspace)
     embeddings, task = [], None
@@ -60,9 +63,6 @@ def ray_evaluator(storage: str, gpus: int) -> Evaluator:
     storage on a local path (``storage``) puts it on the driver's node when that node can run it
     (the path is on its disk; on a multi-host cluster it is a shared file system that every node
     mounts, :func:`studies.storage.check_storage`); on S3 or GCS Ray places it anywhere."""
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
     options: dict = {"num_cpus": 1, "num_gpus": 1 if gpus else 0}
     if "://" not in storage:
         options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(

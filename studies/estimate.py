@@ -31,8 +31,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from icr.config import ExperimentConfig, from_flat, key_specs, to_flat, used_keys
+from icr.data import karpathy
 from icr.data.sampler import steps_per_epoch
+from icr.data.synthetic.writer import PRESETS
+from icr.train.loop import configure_backends, resolve_device
+from icr.train.tasks import build_task
+from icr.train.timing import time_epoch
 from studies.plan import StudyPlan
 from studies.space import grid_size
 
@@ -125,7 +132,6 @@ def training_split(config: ExperimentConfig, workspace: Any) -> tuple[int, int] 
     preparing anything (the embedded benchmark: once generated); else ``None``."""
     data = config.data
     if data.dataset == "shapes":
-        from icr.data.synthetic.writer import PRESETS
         root = Path(data.root) if data.root else workspace.data / f"shapes-{data.preset}-{data.seed}"
         path = root / "dataset_shapes.json"
         if not path.is_file():
@@ -144,7 +150,6 @@ def training_split(config: ExperimentConfig, workspace: Any) -> tuple[int, int] 
         return captions, captions // 5  # SCAN's precomputed folders: 5 captions an image
     else:
         return None
-    from icr.data import karpathy
     train = karpathy.load_karpathy(path, "train", image_root=path.parent)
     return train.num_captions, train.num_images
 
@@ -189,10 +194,6 @@ def calibrate(plan: StudyPlan, costs: list[ConditionCost], steps: int,
     machine); what the epoch costs beyond its steps (its plan, SWA's swap and BatchNorm
     refresh) is counted once per epoch.
     """
-    from icr.train.loop import configure_backends, resolve_device
-    from icr.train.tasks import build_task
-    from icr.train.timing import time_epoch
-
     out = []
     for cost in costs:
         config = from_flat({"train.max_steps_per_epoch": steps, "eval.test": False},
@@ -221,7 +222,6 @@ def trials_at_once(plan: StudyPlan, gpus: int | None = None) -> tuple[int, str]:
     """Trials the study runs at once here (or on a cluster of ``gpus`` GPUs): one per GPU, else
     one per CPU slot, as :meth:`studies.connection.Cluster.concurrency` decides."""
     if gpus is None:
-        import torch
         gpus = torch.cuda.device_count()
         where = "this machine"
     else:

@@ -50,6 +50,7 @@ def _legend(ax: Any) -> None:
 
 
 def _integer_ticks(ax: Any) -> None:
+    # lazy: keeps matplotlib off the command line's start (this module is in its imports)
     from matplotlib.ticker import MaxNLocator
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -58,7 +59,7 @@ def _integer_ticks(ax: Any) -> None:
 def rank_colours(values: Sequence[float]) -> dict[float, tuple[float, float, float, float]]:
     """A colour per distinct value, evenly spaced by rank over :data:`SEQUENTIAL`: neighbouring
     values differ by the same step of the map whatever their numeric gap."""
-    import matplotlib
+    import matplotlib  # lazy: keeps matplotlib off the command line's start
 
     distinct = sorted(set(values))
     cmap = matplotlib.colormaps[SEQUENTIAL]
@@ -282,10 +283,10 @@ def series_per_condition(series: str, *, phase: str = "confirm", ylabel: str = "
 
 def render(figure: Figure, runs: RunSet, path: Any) -> bool:
     """Draw ``figure`` to ``path`` (PNG); False (no file) when it had nothing to draw."""
-    import matplotlib
+    import matplotlib  # lazy: keeps matplotlib off the command line's start
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    matplotlib.use("Agg")  # no display: before pyplot is imported
+    import matplotlib.pyplot as plt  # lazy: keeps matplotlib off the command line's start
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     try:

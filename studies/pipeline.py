@@ -18,7 +18,7 @@ from filelock import FileLock
 
 from icr.config import ExperimentConfig, key_specs, to_flat, used_keys
 from icr.errors import ConfigError
-from icr.train.tasks import Prepared, check_fits
+from icr.train.tasks import Prepared, check_fits, prepare
 from icr.workspace import Workspace
 from studies import connection
 from studies.ensembles import ray_evaluator
@@ -49,8 +49,6 @@ DATA_PREFIXES = ("task.", "data.", "text.", "decoder.target_model", "grounding."
 
 
 def default_prepare(config: ExperimentConfig, workspace: Workspace) -> Prepared:
-    from icr.train.tasks import prepare
-
     return prepare(config, workspace)
 
 

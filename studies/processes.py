@@ -11,6 +11,7 @@ family never touches another study's processes or a PID that the system has reus
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import json
@@ -206,8 +207,6 @@ def sweep_family_at_exit(marker: str, folder: Path) -> None:
     is stopped before the launcher exits. The launcher gets SIGTERM when the driver dies, also by
     SIGKILL (:func:`die_with_parent`), so no process of the instance outlives the driver.
     """
-    import atexit
-
     def sweep() -> None:
         # The driver holds files open in the folder too: spared while it lives (a normal stop).
         stop_family(marker, folder, spare={os.getppid()})

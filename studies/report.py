@@ -34,7 +34,7 @@ import pandas as pd
 from icr.errors import UserError
 from icr.workspace import Workspace
 from studies.catalog import Study, get_study
-from studies.ensembles import Evaluator
+from studies.ensembles import Evaluator, ensemble_of, evaluate_members
 from studies.figures import render
 from studies.frameworks import mlflow as mlflow_adapter
 from studies.runs import RunSet, load_runs
@@ -91,7 +91,6 @@ def add_ensemble(study: Study, runs: RunSet, tracker: Tracker, parent_id: str,
         return False
     means = finished.groupby("condition")[metric].mean()
     best = means.idxmax() if study.mode == "max" else means.idxmin()
-    from studies.ensembles import ensemble_of, evaluate_members
 
     return ensemble_of(runs, best, tracker, parent_id, workspace,
                        evaluate or evaluate_members) is not None

@@ -30,7 +30,10 @@ try:
     from icr.config import key_specs, parse_overrides
     from icr.errors import UserError
     from studies.catalog import RECIPES, Study, all_studies, get_study
+    from studies.debug import run_debug
+    from studies.environment import set_quiet_environment
     from studies.plan import Options, StudyPlan
+    from studies.signals import Interrupted, StopSignals, StudyIncomplete
 except ModuleNotFoundError as missing:  # the project's dependencies are not in this interpreter
     if (missing.name or "").split(".")[0] in ("icr", "studies"):
         raise  # one of our own modules: a bug, not the user's setup
@@ -112,9 +115,6 @@ def main(
     that could not run every run it planned for a reason other than a run's own training (a lost
     worker, say) ends with one ``error: ...`` line and exit code 1; it too can be continued.
     """
-    from studies.environment import set_quiet_environment
-    from studies.signals import Interrupted, StopSignals, StudyIncomplete
-
     set_quiet_environment()
 
     with StopSignals() as stops:
@@ -140,15 +140,14 @@ def main(
 
 
 def _print_plan(plan: StudyPlan, calibrate: int | None, gpus: int | None) -> int:
-    from studies.estimate import calibrate as time_steps
-    from studies.estimate import describe, plan_costs
+    from studies import estimate  # lazy: keeps the benchmark's generator off --help and --list
 
-    costs = plan_costs(plan)
+    costs = estimate.plan_costs(plan)
     if calibrate:
         if plan.missing():
             raise UserError(f"--calibrate needs the data: {plan.missing()[0]}")
-        costs = time_steps(plan, costs, calibrate)
-    for line in describe(plan, costs, gpus):
+        costs = estimate.calibrate(plan, costs, calibrate)
+    for line in estimate.describe(plan, costs, gpus):
         print(line)
     return 0
 
@@ -189,10 +188,9 @@ def _run(args: argparse.Namespace, backend: object | None, extra: Mapping[str, S
     if args.condition:
         plan.condition(args.condition)
     if args.debug:
-        from studies.debug import run_debug
-
         run_debug(plan, args.condition, getattr(backend, "fit", None))
         return 0
+    # lazy: keeps Ray, MLflow and Optuna off --help, --list, --plan and --debug
     from studies.pipeline import Backend, run_study
 
     run_study(plan, backend or Backend(), resume=args.resume, fresh=args.fresh,

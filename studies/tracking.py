@@ -50,6 +50,7 @@ from ray.tune import Callback
 from icr.errors import UserError
 from studies.frameworks import mlflow as mlflow_adapter
 from studies.frameworks.tune import BOOKKEEPING, CHECKPOINT_DIR, trial_error
+from studies.marks import mark, mark_of
 from studies.trials import spec_of
 
 log = logging.getLogger(__name__)
@@ -147,7 +148,8 @@ class Tracker:
 
     Epoch records (:meth:`log_batch`) are queued and written the fastest way the store allows,
     as measured by ``benchmarks/tracking_throughput.py`` (MLflow's ``log_batch`` records fewer
-    than the 50 records a second a study needs on a local store):
+    than the 50 records a second a study needs on a local store; the figures are in
+    :mod:`studies.frameworks.mlflow`):
 
     - a local sqlite store: SQL transactions of the records queued (:class:`RecordWriter`,
       :func:`studies.frameworks.mlflow.insert_metrics`), the store's schema checked first;
@@ -423,7 +425,12 @@ def checkpoint_location(checkpoint: Any) -> str:
 
 
 class MlflowTrialCallback(Callback):
-    """Records every trial of a Tuner as a child run of the study's parent run."""
+    """Records every trial of a Tuner as a child run of the study's parent run.
+
+    An epoch reported without a checkpoint is recorded when its result arrives; one reported
+    with a checkpoint once Tune has saved the checkpoint (:meth:`on_checkpoint`), where the
+    checkpoint is marked with the result first if the trial did not mark it.
+    """
 
     def __init__(
         self, tracker: Tracker, parent_id: str, tags: Mapping[str, str],
@@ -459,15 +466,12 @@ class MlflowTrialCallback(Callback):
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
         if result.get(CHECKPOINT_DIR):
-            return  # recorded in on_checkpoint, once its checkpoint is marked (see _record)
+            return  # recorded with its checkpoint, in on_checkpoint
         self._record(trial, result)
 
     def _record(self, trial: Any, result: Mapping[str, Any]) -> None:
         """Record one epoch's result, unless its run has it already (an epoch replayed after a
-        restore). An epoch that came with a checkpoint is recorded only after the marking
-        callback (:class:`studies.trainable.MarkReported`, which runs first) wrote the result
-        into the checkpoint: a restored trial resumes from the newest marked checkpoint, so
-        every epoch recorded here is one a restored trial continues after."""
+        restore)."""
         run_id = self.run_id(trial)
         epoch = int(result.get("epoch", 0))
         if epoch <= self._last_epoch[run_id]:
@@ -476,10 +480,22 @@ class MlflowTrialCallback(Callback):
         self._last_epoch[run_id] = epoch
 
     def on_checkpoint(self, iteration: int, trials: list, trial: Any, checkpoint: Any, **info: Any) -> None:
+        """An epoch reported with a checkpoint, marked and recorded in one step.
+
+        The checkpoint carries the result it came with before the result is recorded: a trial
+        marks its checkpoints itself (:func:`studies.trainable.run_trial`); one that came
+        without a mark (from a trial started before trials marked theirs) is marked here. A
+        restored trial resumes from its newest marked checkpoint
+        (:func:`studies.trainable.resume_point`), so every epoch recorded is one a restored
+        trial continues after. Then the run's ``checkpoint`` tag and the epoch's artifacts.
+        """
+        result = trial.last_result or {}
+        if "epoch" in result and mark_of(checkpoint) is None:
+            mark(checkpoint, result)
         run_id = self.run_id(trial)
-        self._record(trial, trial.last_result or {})
+        self._record(trial, result)
         self.tracker.set_tags(run_id, {"checkpoint": checkpoint_location(checkpoint)})
-        files = (trial.last_result or {}).get("artifacts") or ()
+        files = result.get("artifacts") or ()
         if not files:
             return
         with checkpoint.as_directory() as directory:

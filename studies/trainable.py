@@ -13,7 +13,9 @@ what the driver had recorded: restored from it, a trial would train again an epo
 holds and go on from another model, or (one checkpoint kept) fail, its saved checkpoint deleted
 since. So each checkpoint carries the result it came with (its *mark*), written by the trial into
 the checkpoint before Tune copies it to storage, with the size of every file, so that a copy cut
-short by a kill is not taken for one (:func:`marked_checkpoints`); and a trial continues after
+short by a kill is not taken for one (:mod:`studies.marks`); the driver records the result
+only once its checkpoint carries it (:meth:`studies.tracking.MlflowTrialCallback.on_checkpoint`,
+which marks a checkpoint that came without a mark); and a trial continues after
 the newest whole marked checkpoint of its folder (:func:`resume_point`), never older than Tune's
 own, also when Tune's is gone (:func:`studies.frameworks.tune.labelled_trainable`): every epoch
 MLflow holds is one a restored trial continues after, and the record matches the run.
@@ -21,26 +23,25 @@ MLflow holds is one a restored trial continues after, and the record matches the
 
 from __future__ import annotations
 
-import contextlib
 import os
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pyarrow.fs
 import ray
+import torch
 from ray import tune
 
+import icr.train
 from icr.train.seam import EpochReport
 from icr.workspace import Workspace
-from studies.frameworks.tune import BOOKKEEPING, METADATA_FILE, trial_folder
+from studies.frameworks.tune import trial_folder
+from studies.marks import mark, marked_checkpoints, unmark
 from studies.trials import spec_of
 
 FitFn = Callable[..., Any]  # the signature of icr.train.fit
-REPORTED = "icr_reported"  # a checkpoint's metadata key: the result it was reported with
-FILES = "icr_files"  # a checkpoint's metadata key: its files and their sizes, when it was reported
 FAILED_IN_TRAINING = "icr_failed_in_training"  # set on an exception that fit raised
 _IN_REPORT = "icr_in_report"  # set on an exception that reporting an epoch raised
 
@@ -61,15 +62,9 @@ def tune_record(report: EpochReport) -> dict[str, Any]:
             "artifacts": list(report.artifacts), "final": report.final}
 
 
-def default_fit() -> FitFn:
-    from icr.train import fit
-
-    return fit
-
-
 def run_trial(trial_config: dict[str, Any], *, job: TrialJob, fit: FitFn | None = None) -> None:
     """Train one trial; Tune calls this in a worker process."""
-    fit = fit or default_fit()
+    fit = fit or icr.train.fit
     config = spec_of(trial_config).config
     _use_assigned_cpus()
 
@@ -151,15 +146,10 @@ def _same(a: tune.Checkpoint, b: tune.Checkpoint) -> bool:
 
 
 class MarkReported(tune.Callback):
-    """Marks a checkpoint that came without a mark with the result it came with (a trial marks
-    its checkpoints itself, :func:`run_trial`; a trial started before it did does not). It must
-    come before the MLflow callback, which records a result that came with a checkpoint only
-    after this (see the module docstring)."""
-
-    def on_checkpoint(self, iteration: int, trials: list, trial: Any, checkpoint: Any, **info: Any) -> None:
-        result = trial.last_result or {}
-        if "epoch" in result and _mark_of(checkpoint) is None:
-            mark(checkpoint, result)
+    """Does nothing: the name a Tune experiment saved before its driver's MLflow callback marked
+    checkpoints itself holds among its pickled callbacks, so that such an experiment restores.
+    A checkpoint without a mark is marked, then recorded, by
+    :meth:`studies.tracking.MlflowTrialCallback.on_checkpoint`."""
 
 
 def _use_assigned_cpus() -> None:
@@ -167,68 +157,4 @@ def _use_assigned_cpus() -> None:
     cpus = ray.get_runtime_context().get_assigned_resources().get("CPU")
     if cpus and "OMP_NUM_THREADS" not in os.environ:
         os.environ["OMP_NUM_THREADS"] = str(max(1, int(cpus)))
-    import torch
-
     torch.set_num_threads(max(1, int(cpus or torch.get_num_threads())))
-
-
-# --- checkpoint marks: the result a checkpoint was recorded with ------------------------------
-
-
-def mark(checkpoint: tune.Checkpoint, result: Mapping[str, Any]) -> None:
-    """Write into a checkpoint the result it comes with (Tune's bookkeeping left out) and the
-    size of each of its files."""
-    checkpoint.set_metadata({REPORTED: {k: v for k, v in result.items() if k not in BOOKKEEPING},
-                             FILES: _file_sizes(checkpoint)})
-
-
-def unmark(checkpoint: tune.Checkpoint) -> None:
-    with contextlib.suppress(OSError):
-        checkpoint.set_metadata({})
-
-
-def marked_checkpoints(folder: str) -> list[tuple[tune.Checkpoint, dict[str, Any]]]:
-    """The checkpoints in a trial's folder that carry a mark, with the result each was marked
-    with. A mark that cannot be read (e.g. half written) counts as none, and so does one whose
-    checkpoint lacks a file it lists or holds it at another size (a copy cut short)."""
-    fs, path = _filesystem(folder)
-    try:
-        infos = fs.get_file_info(pyarrow.fs.FileSelector(path, allow_not_found=True))
-    except OSError:
-        return []
-    found = []
-    for info in infos:
-        if info.type != pyarrow.fs.FileType.Directory or not info.base_name.startswith("checkpoint_"):
-            continue
-        checkpoint = tune.Checkpoint(info.path, filesystem=fs)
-        record = _mark_of(checkpoint)
-        if record is not None:
-            found.append((checkpoint, record))
-    return found
-
-
-def _mark_of(checkpoint: tune.Checkpoint) -> dict[str, Any] | None:
-    """The result a whole checkpoint was marked with; ``None`` when unmarked or not whole."""
-    try:
-        metadata = checkpoint.get_metadata()
-        record, files = metadata.get(REPORTED), metadata.get(FILES)
-        whole = files is None or files == _file_sizes(checkpoint)  # None: marked by the driver
-    except (OSError, ValueError, AttributeError):
-        return None
-    if whole and isinstance(record, dict) and isinstance(record.get("epoch"), int | float):
-        return record
-    return None
-
-
-def _file_sizes(checkpoint: tune.Checkpoint) -> dict[str, int]:
-    """Each file of a checkpoint (its path inside it) and its size; the mark itself left out."""
-    fs, root = checkpoint.filesystem, checkpoint.path.rstrip("/")
-    infos = fs.get_file_info(pyarrow.fs.FileSelector(root, recursive=True))
-    return {info.path[len(root) + 1:]: info.size for info in infos
-            if info.type == pyarrow.fs.FileType.File and info.base_name != METADATA_FILE}
-
-
-def _filesystem(uri: str) -> tuple[pyarrow.fs.FileSystem, str]:
-    if "://" in uri:
-        return pyarrow.fs.FileSystem.from_uri(uri)
-    return pyarrow.fs.LocalFileSystem(), str(Path(uri).absolute())

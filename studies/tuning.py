@@ -32,6 +32,7 @@ from typing import Any
 
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+from tqdm.auto import tqdm
 
 from studies.frameworks.optuna import GridOnceSampler
 from studies.frameworks.tune import (
@@ -52,7 +53,7 @@ from studies.session import Interrupted, Session
 from studies.signals import StudyIncomplete
 from studies.space import ConditionalSpace, grid_points
 from studies.tracking import PARENT_TAG, MlflowTrialCallback, error_line
-from studies.trainable import MarkReported, TrialJob, failed_in_training, run_trial
+from studies.trainable import TrialJob, failed_in_training, run_trial
 from studies.trials import KEY, TrialSpec, spec_of
 
 log = logging.getLogger(__name__)
@@ -155,8 +156,6 @@ class ProgressCallback(tune.Callback):
             self._write(line)
             return
         if self._tqdm is None:
-            from tqdm.auto import tqdm
-
             self._tqdm = tqdm(total=self.progress.expected, desc=self.progress.title, unit="trial",
                               bar_format="{desc} {n}/{total} trials |{bar}| {postfix}")
         self._tqdm.n = sum(s.state == DONE for s in states)
@@ -243,9 +242,7 @@ def run_tuner(
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
             # Tune's JSON and CSV logs (what ResultGrid reads), not its TensorBoard logger, which
             # cannot log an epoch's trajectory rows (auto loggers are off: set_quiet_environment).
-            # MarkReported before the MLflow callback: a checkpoint is marked before its result
-            # is recorded (studies.trainable).
-            callbacks=[MarkReported(), callback,
+            callbacks=[callback,
                        progress_callback(session, job.phase, conditions, title, expected),
                        EpochJsonLogger(), EpochCsvLogger()],
             verbose=session.verbose,

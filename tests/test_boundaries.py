@@ -114,3 +114,71 @@ def test_no_import_circle_in_the_library_or_the_platform():
         if module not in index:
             visit(module, [])
     assert not cycles, "import circles: " + "; ".join(" -> ".join(c) for c in cycles[:5])
+
+
+LAZY = "# lazy:"  # how an import inside a function says why it is there
+
+
+def _bare_imports_inside_functions(root: Path) -> list[str]:
+    """``path:line: statement`` of each import inside a function (of icr and studies) that has
+    no comment starting with ``# lazy:`` and giving a reason, on its line or the line above."""
+    import ast
+    import io
+    import tokenize
+
+    def gives_reason(comment: str) -> bool:
+        return comment.startswith(LAZY) and bool(comment[len(LAZY):].strip())
+
+    bare = []
+    for package in ("icr", "studies"):
+        for path in sorted((root / package).rglob("*.py")):
+            source = path.read_text(encoding="utf-8")
+            lines = source.splitlines()
+            comments = {token.start[0]: token.string for token in
+                        tokenize.generate_tokens(io.StringIO(source).readline)
+                        if token.type == tokenize.COMMENT}
+            inside = {node.lineno for function in ast.walk(ast.parse(source))
+                      if isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef)
+                      for node in ast.walk(function) if isinstance(node, ast.Import | ast.ImportFrom)}
+            for number in sorted(inside):
+                own = comments.get(number, "")
+                above = lines[number - 2].strip() if number > 1 else ""
+                if not gives_reason(own) and not (above.startswith("#") and gives_reason(above)):
+                    bare.append(f"{path.relative_to(root)}:{number}: {lines[number - 1].strip()}")
+    return bare
+
+
+def test_an_import_inside_a_function_says_why_it_is_not_at_the_top():
+    """An import inside a function hides a dependency of its module from a reader (two import
+    circles once hid that way): it stays only where it keeps a heavy dependency (torch,
+    transformers, matplotlib, Ray, MLflow, ...) off a light path, such as the command line's
+    start or a trial's, and says so: ``# lazy: keeps matplotlib off ...`` on its line or the
+    line above. Every other import belongs at the top of its module."""
+    bare = _bare_imports_inside_functions(Path(__file__).resolve().parents[1])
+    assert not bare, (f"{len(bare)} import(s) inside a function without a '{LAZY} <reason>' "
+                      "comment (move each to the top of its module, or say why it waits):\n"
+                      + "\n".join(bare))
+
+
+def test_the_lazy_import_check_reads_the_comment_on_the_line_or_above(tmp_path):
+    """The check itself: a reason on the line or directly above passes; none, an empty one, or
+    one two lines above does not; imports at a module's top are not its business."""
+    (tmp_path / "icr").mkdir()
+    (tmp_path / "studies").mkdir()
+    (tmp_path / "icr" / "m.py").write_text(
+        "import os\n"
+        "def f():\n"
+        "    import json  # lazy: a reason\n"
+        "    # lazy: a reason\n"
+        "    import csv\n"
+        "    import re\n"
+        "    import ast  # lazy:\n"
+        "    # lazy: too far\n"
+        "\n"
+        "    import io\n"
+        "    def g():\n"
+        "        import abc  # not lazy: a comment of another kind\n"
+    )
+    assert _bare_imports_inside_functions(tmp_path) == [
+        "icr/m.py:6: import re", "icr/m.py:7: import ast  # lazy:", "icr/m.py:10: import io",
+        "icr/m.py:12: import abc  # not lazy: a comment of another kind"]

@@ -126,7 +126,7 @@ def test_a_checkpoint_copy_cut_short_is_not_taken_for_a_marked_one(tmp_path) -> 
     it to storage; a driver killed during the copy leaves the mark without all the files."""
     from ray import tune
 
-    from studies.trainable import mark, marked_checkpoints
+    from studies.marks import mark, marked_checkpoints
 
     trial = tmp_path / "trial"
     for epoch, name in enumerate(("checkpoint_000000", "checkpoint_000001"), start=1):

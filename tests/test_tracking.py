@@ -264,6 +264,62 @@ def _record_a_study(tracker: Tracker) -> None:
     tracker.finish(parent)
 
 
+def test_a_checkpoint_that_came_without_a_mark_is_marked_then_recorded(tracker, tmp_path):
+    """One callback marks and records an epoch that came with a checkpoint: the result waits
+    for its checkpoint (not recorded on arrival), then the checkpoint a trial left unmarked (one
+    started before trials marked theirs) carries the result, Tune's bookkeeping left out, and
+    the run holds the epoch; a checkpoint the trial marked keeps its own mark."""
+    from ray import tune
+
+    from studies.frameworks.tune import CHECKPOINT_DIR
+    from studies.marks import mark, mark_of
+
+    parent = tracker.create_run("study", {"icr.role": "study"})
+    callback = MlflowTrialCallback(tracker, parent, {"study": "t"}, {"lag": "fp"}, {"lag": 3})
+    trial = SimpleNamespace(trial_id="t0", config=_trial_config(0.1), last_result=None)
+    checkpoints = []
+    for epoch in (1, 2):
+        folder = tmp_path / f"checkpoint_00000{epoch}"
+        folder.mkdir()
+        (folder / "model.pt").write_bytes(b"weights" * epoch)
+        checkpoints.append(tune.Checkpoint.from_directory(str(folder)))
+    result = {"epoch": 1, "val_rsum": 101.0, "trial_id": "t0", "training_iteration": 1,
+              CHECKPOINT_DIR: "checkpoint_000001", "trajectory": [], "artifacts": [],
+              "final": False}
+    trial.last_result = result
+    callback.on_trial_result(0, [trial], trial, result)
+    run_id = callback.run_id(trial)
+    assert tracker.flush() == 0 and tracker.client.get_run(run_id).data.metrics == {}
+
+    callback.on_checkpoint(0, [trial], trial, checkpoints[0])
+    assert mark_of(checkpoints[0]) == {"epoch": 1, "val_rsum": 101.0, "trajectory": [],
+                                       "artifacts": [], "final": False}
+    assert tracker.flush() == 0
+    assert tracker.client.get_run(run_id).data.metrics == {"epoch": 1.0, "val_rsum": 101.0}
+    assert tracker.client.get_run(run_id).data.tags["checkpoint"] == checkpoints[0].path
+
+    own = {"epoch": 2, "val_rsum": 102.0}
+    mark(checkpoints[1], own)  # the trial's mark, written before Tune copied the checkpoint
+    trial.last_result = {**result, "epoch": 2, "val_rsum": 102.0, "training_iteration": 2}
+    callback.on_checkpoint(0, [trial], trial, checkpoints[1])
+    assert mark_of(checkpoints[1]) == own
+    assert tracker.flush() == 0
+    assert tracker.client.get_run(run_id).data.metrics == {"epoch": 2.0, "val_rsum": 102.0}
+
+
+def test_a_tune_experiment_saved_with_the_old_marking_callback_still_loads():
+    """A Tune experiment saved before the MLflow callback marked checkpoints pickled a
+    ``studies.trainable.MarkReported`` among its callbacks: its name still loads (restoring the
+    experiment unpickles it), as a callback that leaves the checkpoints alone."""
+    import pickle
+
+    from ray import tune
+
+    old = pickle.loads(b"cstudies.trainable\nMarkReported\n)\x81.")  # as tuner.pkl names it
+    assert isinstance(old, tune.Callback)
+    assert "on_checkpoint" not in type(old).__dict__
+
+
 def _recorded(tracker: Tracker) -> dict:
     """What a study's runs hold, by run name (run ids and timestamps differ from store to store),
     read by a client of its own."""

@@ -67,7 +67,7 @@ from icr.config import ExperimentConfig
 from icr.context import Embeddings, RetrievalInputs, TaskContext
 from icr.data.sampler import build_batch_sampler
 from icr.errors import ConfigError
-from icr.losses.contrastive import negative_mask
+from icr.losses.contrastive import LOSSES, negative_mask
 from icr.losses.smoothap import image_caption_matrix, positive_slots, smooth_step
 from icr.registry import Registry
 
@@ -346,8 +346,6 @@ def _has_counter(config: ExperimentConfig) -> None:
 def cocos_analysis(*, context: TaskContext) -> Callable[[Path], dict[str, float]]:
     """COCOS of the best checkpoint over the training split (``eval.analyses=cocos``), with the
     counter of the run's own loss and its options: ``cocos/{i2t,t2i}_{key}_{mean,std}``."""
-    from icr.losses.contrastive import LOSSES
-
     config = context.config
     _has_counter(config)
     name = config.loss.name

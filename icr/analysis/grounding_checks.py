@@ -21,9 +21,11 @@ from typing import Any
 
 import numpy as np
 import torch
+from PIL import Image
 
 from icr.analysis import ANALYSES
 from icr.context import Attention, GroundingInputs, ImageFiles, Scenes, TaskContext
+from icr.grounding import quality, words
 from icr.metrics.grounding import phrase_region_scores
 
 EXAMPLES = 4  # test images drawn per run
@@ -32,16 +34,14 @@ EXAMPLES = 4  # test images drawn per run
 @ANALYSES.register("negative_quality", task="grounding", needs=(GroundingInputs, Scenes))
 def negative_quality(*, context: TaskContext) -> Callable[[Path], dict[str, float]]:
     """The share of the run's negative captions that are true / false negatives."""
-    from icr.grounding.quality import load_shapes_truth
-    from icr.grounding.quality import negative_quality as judge
-
     negatives = context.get(GroundingInputs).data.negatives
     root = context.get(Scenes).root
 
     def run(out: Path) -> dict[str, float]:
         if negatives is None:  # L_img only: no negative captions to judge
             return {}
-        verdicts = judge(load_shapes_truth(root, "train"), {"run": negatives})
+        verdicts = quality.negative_quality(quality.load_shapes_truth(root, "train"),
+                                            {"run": negatives})
         return {f"negatives/{k.removeprefix('run_')}": v for k, v in verdicts.items()}
 
     return run
@@ -51,13 +51,11 @@ def negative_quality(*, context: TaskContext) -> Callable[[Path], dict[str, floa
 def tagger_accuracy(*, context: TaskContext) -> Callable[[Path], dict[str, float]]:
     """How well the tagger finds the words the model grounds, against the benchmark's gold tags
     (the grammar of the benchmark's captions, which comes with its scenes)."""
-    from icr.grounding.words import tagger_accuracy as measure
-
     captions = context.get(GroundingInputs).data.splits["train"].captions
     context.get(Scenes)  # the captions are the embedded benchmark's, whose gold tags are known
 
     def run(out: Path) -> dict[str, float]:
-        return {f"tagger/{k}": v for k, v in measure(captions).items()}
+        return {f"tagger/{k}": v for k, v in words.tagger_accuracy(captions).items()}
 
     return run
 
@@ -85,11 +83,10 @@ def grounding_examples(*, context: TaskContext) -> Callable[[Path], dict[str, fl
 
 def _draw(folder: Path, split: Any, image: int, phrases: np.ndarray, scores: np.ndarray,
           out: Path) -> None:
-    import matplotlib
+    import matplotlib  # lazy: keeps matplotlib off every run that draws no examples
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from PIL import Image
+    matplotlib.use("Agg")  # no display: before pyplot is imported
+    import matplotlib.pyplot as plt  # lazy: keeps matplotlib off every run that draws no examples
 
     name = split.image_ids[image]
     path = next(folder.glob(f"{name}.*"), None)
@@ -114,6 +111,7 @@ def _draw(folder: Path, split: Any, image: int, phrases: np.ndarray, scores: np.
 
 
 def _rect(box: np.ndarray, color: str) -> Any:
+    # lazy: keeps matplotlib off every run that draws no examples
     from matplotlib.patches import Rectangle
 
     x0, y0, x1, y1 = (float(v) for v in box)

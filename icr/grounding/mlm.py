@@ -38,6 +38,7 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from icr.data.targets import model_identity
 from icr.errors import ConfigError
 from icr.grounding.words import DEFAULT_WORD_MODEL, WordEncoder
 from icr.io import write_atomic
@@ -398,9 +399,8 @@ class PretrainedMaskedLM:
         """Load a masked LM and its tokenizer from a local folder; :class:`ConfigError` if absent."""
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        # lazy: keeps transformers off runs without a masked LM; imported after the flags above
         from transformers import AutoModelForMaskedLM, AutoTokenizer
-
-        from icr.data.targets import model_identity
 
         try:
             tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)

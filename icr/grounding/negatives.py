@@ -42,7 +42,7 @@ import torch
 from icr.errors import DataError
 from icr.grounding import mlm
 from icr.grounding.mlm import MaskedNounModel, normalise_word, replace_word
-from icr.grounding.words import DEFAULT_WORD_MODEL, WordEncoder
+from icr.grounding.words import DEFAULT_WORD_MODEL, WordEncoder, model_identity, select_split_words
 from icr.io import save_npy_atomic, write_text_atomic
 from icr.registry import Registry
 
@@ -122,8 +122,6 @@ class NegativeCaptions:
 def noun_positions(captions: Sequence[str]) -> list[list[int]]:
     """Per caption, the whitespace-token indices of its nouns (TextBlob tags, as the word
     selection of :mod:`icr.grounding.words`, without its cap of six words)."""
-    from icr.grounding.words import select_split_words
-
     words = select_split_words(captions, max_words=None)
     return [[int(i) for j, i in enumerate(row) if i >= 0 and words.is_noun(c, j)]
             for c, row in enumerate(words.word_index)]
@@ -350,8 +348,6 @@ def _lm_header(source: str, word_model: str, encoder: WordEncoder | None, epochs
                ) -> dict[str, Any]:
     """What the masked LM's outputs depend on, for the negatives' cache key."""
     if source != mlm.HEAD_SOURCE:
-        from icr.grounding.words import model_identity
-
         return {"mlm": model_identity(source)}
     data = _digest({}, [" ".join(t) + "|" + str(list(p)) for t, p in
                         zip(token_lists, positions, strict=True)])
@@ -362,7 +358,6 @@ def _lm_header(source: str, word_model: str, encoder: WordEncoder | None, epochs
 def _model_id(word_model: str, encoder: WordEncoder | None) -> str:
     if encoder is not None:
         return encoder.identity
-    from icr.grounding.words import model_identity
 
     return model_identity(word_model)
 

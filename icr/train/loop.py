@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from icr.analysis import Analysis, build_analysis
-from icr.config import ExperimentConfig, split_list, to_flat
+from icr.config import ExperimentConfig, from_flat, split_list, to_flat
 from icr.context import TaskContext
 from icr.errors import ConfigError
 from icr.seeding import rng_state, seed_everything, set_rng_state
@@ -202,8 +202,6 @@ def _run_analyses(analyses: dict[str, Analysis], out: Path) -> tuple[dict[str, f
 
 def load_run(checkpoint_dir: Path | str, *, workspace: Workspace | Path | str | None = None) -> Task:
     """:func:`load_trained` with the configuration the checkpoint was written with."""
-    from icr.config import from_flat
-
     try:
         _, state, _ = load_checkpoint(checkpoint_dir)
     except FileNotFoundError:

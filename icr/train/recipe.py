@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from icr.errors import ConfigError
+from icr.train.adamp import AdamP
 
 OPTIMIZERS = ("adam", "adamw", "adamp")
 SCHEDULES = ("cosine", "step")
@@ -32,8 +33,6 @@ def build_optimizer(name: str, params: Iterable[Any], lr: float, weight_decay: f
     """``adam`` / ``adamw`` (torch; fused kernels on CUDA) or ``adamp`` (:mod:`icr.train.adamp`,
     the update of its authors' package without a host sync per parameter)."""
     if name == "adamp":
-        from icr.train.adamp import AdamP
-
         return AdamP(params, lr=lr, weight_decay=weight_decay)
     if name not in ("adam", "adamw"):
         raise ConfigError(f"optim.name={name!r} is unknown; valid: {', '.join(OPTIMIZERS)}")

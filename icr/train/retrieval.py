@@ -35,6 +35,7 @@ from torch import nn
 from torch.optim.swa_utils import AveragedModel, update_bn
 from tqdm.auto import tqdm
 
+from icr.analysis.cocos import COCOS_COUNTERS, build_counter
 from icr.config import ExperimentConfig, used_keys
 from icr.context import (
     Capability,
@@ -46,13 +47,14 @@ from icr.context import (
 )
 from icr.data.batches import Batch, TrainingBatches
 from icr.data.features import cached_backbone_features
+from icr.data.glove import check_glove_file
 from icr.data.images import ImageStore, SplitImages, place_images
 from icr.data.pipeline import PreparedData, prepare_data
 from icr.data.sampler import steps_per_epoch
 from icr.errors import ConfigError
 from icr.losses import ContrastiveLoss, loss_from_config, warmup_from_config
-from icr.losses.contrastive import split_output
-from icr.models.build import build_decoder, build_dual_encoder
+from icr.losses.contrastive import LOSSES, split_output
+from icr.models.build import build_decoder, build_dual_encoder, check_inputs
 from icr.objectives import Objective, build_objective
 from icr.seeding import derive_seed, seed_everything
 from icr.train.device import Precision
@@ -384,9 +386,6 @@ def frozen_cnn(config: ExperimentConfig) -> bool:
 def check_retrieval(config: ExperimentConfig) -> None:
     """The image encoder reads what data.features gives; a GloVe file given is readable; warm-up
     epochs only for a loss with a warm-up form."""
-    from icr.data.glove import check_glove_file
-    from icr.models.build import check_inputs
-
     check_inputs(config)
     warmup_from_config(config.loss)
     if "text.glove" in used_keys(config) and config.text.glove not in ("glove-6b-50d", "none"):
@@ -420,9 +419,6 @@ def retrieval(config: ExperimentConfig, workspace: Workspace, device: torch.devi
 def live_cocos(config: ExperimentConfig) -> Any:
     """The COCOS counter of ``loss.name`` with its options, for the trajectory (section 4 of the
     metric-learning paper, counted on every recorded training batch)."""
-    from icr.analysis.cocos import COCOS_COUNTERS, build_counter
-    from icr.losses.contrastive import LOSSES
-
     name = config.loss.name
     if name not in COCOS_COUNTERS:
         raise ConfigError(f"train.live_cocos: loss.name={name} has no COCOS counter; "

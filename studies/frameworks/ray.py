@@ -45,11 +45,18 @@ def _reaching(what: str) -> contextlib.AbstractContextManager[None]:
     return reaching("ray", ray.__version__, TESTED_VERSION, what)
 
 
+# Ray's internals, reached once when this module is imported: one that moved is one line.
+with _reaching("ray._private.utils.read_ray_address"):
+    from ray._private.utils import read_ray_address
+with _reaching("ray._private.services.resolve_ip_for_localhost"):
+    from ray._private import services
+with _reaching("ray._private.authentication.authentication_token_setup"):
+    from ray._private.authentication import authentication_token_setup as auth
+
+
 def recorded_address() -> str | None:
     """The address of the cluster that ``ray start`` last started on this machine (what Ray's
     ``address="auto"`` reads), or ``None``."""
-    with _reaching("ray._private.utils.read_ray_address"):
-        from ray._private.utils import read_ray_address
     return read_ray_address() or None
 
 
@@ -58,8 +65,6 @@ def loopback_stays_loopback() -> Iterator[None]:
     """While Ray connects, keep a loopback address as given (``ray.init`` would replace
     127.0.0.1 by the machine's address, where a loopback-only instance does not listen)."""
     with _reaching("ray._private.services.resolve_ip_for_localhost"):
-        from ray._private import services
-
         original = services.resolve_ip_for_localhost
     services.resolve_ip_for_localhost = lambda host: host
     try:
@@ -73,8 +78,6 @@ def enable_token_auth() -> bool:
     says otherwise): this process and its children use it, and the token file is created if
     missing. Returns whether token authentication is on."""
     with _reaching("ray._private.authentication.authentication_token_setup"):
-        from ray._private.authentication import authentication_token_setup as auth
-
         if not auth.enable_token_auth_by_default():
             return False
         auth.ensure_token_if_auth_enabled(None, create_token_if_missing=True)
@@ -85,8 +88,6 @@ def send_token_if_present() -> None:
     """Send the local token when joining a cluster, also with an explicit address (Ray itself
     does only for ``auto``)."""
     with _reaching("ray._private.authentication.authentication_token_setup"):
-        from ray._private.authentication import authentication_token_setup as auth
-
         auth.maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
 
 

@@ -53,22 +53,17 @@ def _reaching(what: str) -> contextlib.AbstractContextManager[None]:
     return reaching("tune", ray.__version__, TESTED_VERSION, what)
 
 
-def _bookkeeping() -> frozenset[str]:
-    with _reaching("ray.tune.result.AUTO_RESULT_KEYS"):
-        from ray.tune.result import AUTO_RESULT_KEYS
-    return frozenset({*AUTO_RESULT_KEYS, "done", "trial_id", "should_checkpoint", "experiment_tag"})
+# Tune's internals, reached once when this module is imported: one that moved is one line.
+with _reaching("ray.tune.result.AUTO_RESULT_KEYS"):
+    from ray.tune.result import AUTO_RESULT_KEYS
+with _reaching("ray.train._checkpoint._METADATA_FILE_NAME"):
+    from ray.train._checkpoint import _METADATA_FILE_NAME
+with _reaching("ray.tune.trainable.function_trainable.wrap_function"):
+    from ray.tune.trainable.function_trainable import wrap_function
 
-
-BOOKKEEPING = _bookkeeping()  # the keys Tune adds to a trial's reported metrics
-
-
-def _metadata_file() -> str:
-    with _reaching("ray.train._checkpoint._METADATA_FILE_NAME"):
-        from ray.train._checkpoint import _METADATA_FILE_NAME
-    return _METADATA_FILE_NAME
-
-
-METADATA_FILE = _metadata_file()  # Checkpoint.set_metadata writes this file into the checkpoint
+# the keys Tune adds to a trial's reported metrics
+BOOKKEEPING = frozenset({*AUTO_RESULT_KEYS, "done", "trial_id", "should_checkpoint", "experiment_tag"})
+METADATA_FILE = _METADATA_FILE_NAME  # Checkpoint.set_metadata writes this file into the checkpoint
 
 
 def labelled_trainable(fn: Callable[[dict[str, Any]], Any], label: Callable[[str, Any], str]) -> type:
@@ -89,8 +84,6 @@ def labelled_trainable(fn: Callable[[dict[str, Any]], Any], label: Callable[[str
     ``fn`` continues from what its folder holds (:func:`studies.trainable.resume_point`).
     """
     with _reaching("ray.tune.trainable.function_trainable.wrap_function"):
-        from ray.tune.trainable.function_trainable import wrap_function
-
         base = wrap_function(fn)
         name = base._name
 
