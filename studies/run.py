@@ -16,6 +16,7 @@ line, ``error: ...``, and exits with code 2 before anything is written.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from collections.abc import Mapping, Sequence
@@ -157,6 +158,22 @@ def _interrupted() -> int:
     return 130
 
 
+def leave(code: int) -> None:
+    """End the process with ``main``'s exit code.
+
+    An interrupted driver (130) has stopped what it started in ``main``'s own cleanup; Python's
+    shutdown would then run the libraries' exit hooks, and a Ray core worker torn down that way
+    while its connection was half made ended the process with SIGSEGV after the interrupted
+    line (once in 23 chaos instants: SIGHUP while Ray started). So an interrupted driver leaves
+    at once, as a killed one does, which the next run recovers from.
+    """
+    if code == 130:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 INTERRUPTED = "run the same command again to continue"
 
 
@@ -199,4 +216,4 @@ def _run(args: argparse.Namespace, backend: object | None, extra: Mapping[str, S
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    leave(main())

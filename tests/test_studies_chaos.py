@@ -72,13 +72,13 @@ from dataclasses import replace
 from pathlib import Path
 from fakes import CountingFit, FakeFit, fake_prepare, fake_study
 from studies.pipeline import Backend
-from studies.run import main
+from studies.run import leave, main
 records = os.environ["ICR_CHAOS_RECORDS"]
 if sys.argv[1] == "ltd_bound":  # the user's --smoke, with the real fit
-    sys.exit(main(sys.argv[1:], backend=Backend(CountingFit(records))))
+    leave(main(sys.argv[1:], backend=Backend(CountingFit(records))))
 study = replace(fake_study(Path(os.environ["ICR_CHAOS_STUDY_DIR"]), budget=2), name="chaos")
 fit = FakeFit(epoch_seconds=0.3, record_dir=records)
-sys.exit(main(sys.argv[1:], backend=Backend(fit, fake_prepare), extra_studies={"chaos": study}))
+leave(main(sys.argv[1:], backend=Backend(fit, fake_prepare), extra_studies={"chaos": study}))
 """
 
 
