@@ -26,6 +26,7 @@ PRIVATE_PATH = re.compile(r"\b(?:" + "|".join(FRAMEWORKS) + r")(?:\.\w+)*\._\w")
 # Private names of other libraries that the project may use (not frameworks of the adapters).
 ALLOWED = {
     "_BatchNorm": "torch.nn's base class of every BatchNorm layer (isinstance checks)",
+    "_exit": "os._exit, the standard library's documented exit without cleanup handlers",
 }
 
 
