@@ -383,39 +383,40 @@ COCO_STEPS = 4425  # an epoch of COCO's Karpathy training split: 566,435 caption
 
 
 def in_batch_top1(img: torch.Tensor, cap: torch.Tensor, caption_image: torch.Tensor,
-                  batch: int = BATCH, chunk: int = 256) -> tuple[float, float]:
+                  batch: int = BATCH, chunk: int = 64) -> tuple[float, float]:
     """Expected share of queries whose positive is ranked first in a random batch of ``batch``
     pairs: (image -> caption, caption -> image), exact expectations (hypergeometric).
 
     A caption query faces its image and ``batch - 1`` images drawn from the others; an image query
     (one per pair) its caption and ``batch - 1`` captions of other images. With ``n`` of the
     drawable candidates scored above the positive, the positive is first with probability
-    ``hypergeom.pmf(0, population, n, batch - 1)``.
+    ``hypergeom.pmf(0, population, n, batch - 1)``. The counts are made on the embeddings'
+    device, ``chunk`` images at a time (a (5 chunk, N_cap) comparison on the image side).
 
     Shapes: ``img`` (N_img, D), ``cap`` (N_cap, D), ``caption_image`` (N_cap,).
     """
     n_img, n_cap = len(img), len(cap)
-    above_t2i = torch.empty(n_cap, dtype=torch.int64)
-    above_i2t = torch.empty(n_cap, dtype=torch.int64)
-    for start in range(0, n_cap, chunk):
-        part = slice(start, start + chunk)
+    caption_image = caption_image.to(img.device)
+    above_t2i = torch.empty(n_cap, dtype=torch.int64, device=img.device)
+    above_i2t = torch.empty(n_cap, dtype=torch.int64, device=img.device)
+    for start in range(0, n_cap, 4 * chunk):
+        part = slice(start, start + 4 * chunk)
         sims = img @ cap[part].t()  # (N_img, c)
         own = caption_image[part]  # (c,)
-        positive = sims[own, torch.arange(len(own))]  # (c,)
+        positive = sims[own, torch.arange(len(own), device=img.device)]  # (c,)
         above_t2i[part] = (sims > positive).sum(0)
     for start in range(0, n_img, chunk):
-        rows = torch.arange(start, min(start + chunk, n_img))
-        sims = img[rows] @ cap.t()  # (r, N_cap)
-        mine = caption_image[None, :] == rows[:, None]  # (r, N_cap): each image's own captions
-        others = sims.masked_fill(mine, -torch.inf)
-        for r in range(len(rows)):
-            own = torch.nonzero(mine[r]).flatten()
-            above_i2t[own] = (others[r][None, :] > sims[r, own][:, None]).sum(1)
+        stop = min(start + chunk, n_img)
+        mine = torch.nonzero((caption_image >= start) & (caption_image < stop)).flatten()  # (m,)
+        sims = img[caption_image[mine]] @ cap.t()  # (m, N_cap): each own caption's image's row
+        positive = sims[torch.arange(len(mine), device=img.device), mine]  # (m,)
+        foreign = caption_image[None, :] != caption_image[mine][:, None]  # (m, N_cap)
+        above_i2t[mine] = ((sims > positive[:, None]) & foreign).sum(1)
     per_image = n_cap / n_img
     draws = batch - 1
-    t2i = hypergeom.pmf(0, n_img - 1, above_t2i.numpy(), min(draws, n_img - 1)).mean()
+    t2i = hypergeom.pmf(0, n_img - 1, above_t2i.cpu().numpy(), min(draws, n_img - 1)).mean()
     population = int(round(n_cap - per_image))
-    i2t = hypergeom.pmf(0, population, above_i2t.numpy(), min(draws, population)).mean()
+    i2t = hypergeom.pmf(0, population, above_i2t.cpu().numpy(), min(draws, population)).mean()
     return float(i2t), float(t2i)
 
 
@@ -637,6 +638,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="learnability: the study's condition (contrastive)")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                         help="learnability: config overrides, e.g. train.device=cuda")
+    parser.add_argument("--only-learnability", action="store_true",
+                        help="skip the statistics and probe tables (and COCO's files): a GPU run")
     args = parser.parse_args(argv)
     sizes = args.sizes.split(",")
     if unknown := [s for s in sizes if s not in MODEL_SIZES]:
@@ -644,16 +647,17 @@ def main(argv: list[str] | None = None) -> int:
     overrides = _overrides(args.set)
 
     workspace = Workspace.resolve(args.workspace)
-    coco = coco_statistics()
     presets, probes = {}, {}
     for preset in args.presets.split(","):
         root = ensure_benchmark(workspace.data / f"shapes-{preset}-{args.seed}", preset, args.seed)
-        presets[preset] = embedded_statistics(root)
-        probes[preset] = probe_statistics(root)
-    print(table(coco, presets))
-    print()
-    print(probe_table(probes))
-    for preset in presets if args.learnability else ():
+        if not args.only_learnability:
+            presets[preset] = embedded_statistics(root)
+            probes[preset] = probe_statistics(root)
+    if not args.only_learnability:
+        print(table(coco_statistics(), presets))
+        print()
+        print(probe_table(probes))
+    for preset in args.presets.split(",") if args.learnability or args.only_learnability else ():
         runs = [learnability(workspace, preset, args.seed, args.epochs, s, args.study,
                              args.condition, overrides) for s in sizes]
         ceiling = retrieval_ceiling(workspace.data / f"shapes-{preset}-{args.seed}")

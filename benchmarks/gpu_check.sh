@@ -4,6 +4,10 @@
 #
 #   bash benchmarks/gpu_check.sh prepare     # here, after `make install`: builds .device/ (~50 MB)
 #   bash benchmarks/gpu_check.sh             # there, with .device/ carried along
+#   bash benchmarks/gpu_check.sh trial learnability   # there: only these parts
+#
+# Environment: TRIAL_SIZES ("recipe paper"), TRIAL_STEPS (200), TRIAL_SECONDS (150), LEARN_RUNS (see learnability),
+# LEARN_SECONDS (420, each learnability run's limit), CHECK_DEVICE (cuda), SCALE_IMAGES (113287).
 #
 # The GPU machines have torch, transformers, sentence-transformers, numpy, pandas, scipy,
 # matplotlib, tqdm, pyyaml and psutil, and lack Ray, MLflow, Optuna and the three asset packages;
@@ -14,11 +18,16 @@
 # computed here with the real models. `--debug`, `--plan` and the benchmarks need no framework.
 #
 # The check, each part under its own time limit, logs in one tarball in $OUT:
-#   1. gpu_trial, every architecture, the recipes' and the papers' model sizes (small preset);
-#   2. a --debug trial of ltd_bound (small preset, 2 + 2 epochs);
-#   3. paper_scale: a COCO-sized precomputed folder (written in the background from the start),
-#      1, 2 and 4 trials at once: start time, private memory, steps/s;
-#   4. --plan --calibrate of pooling_objective's paper recipe on that folder (device-hours);
+#   trial:     gpu_trial, every architecture, the recipes' and the papers' model sizes (small
+#              preset);
+#   debug:     a --debug trial of ltd_bound (small preset, 2 + 2 epochs);
+#   scale:     paper_scale: a COCO-sized precomputed folder (written in the background from the
+#              start), 1, 2 and 4 trials at once: start time, private memory, steps/s;
+#   calibrate: --plan --calibrate of pooling_objective's paper recipe on that folder (device-hours);
+#   learnability (not in the default set; about 8 minutes): the default and large presets
+#              generated there (the detector travels in .device/), then benchmark_realism's
+#              learnability of ltd_bound's contrastive baseline, four runs at once on the GPU:
+#              default and large, the recipe's and the papers' model sizes (30 and 15 epochs);
 # and prints one Markdown table of the figures (the last lines of the call's output).
 set -u
 cd "$(dirname "$0")/.."
@@ -76,22 +85,57 @@ PY
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$LOGS/gpu.txt"
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" | tee -a "$LOGS/gpu.txt"
 
-# 3's folder, written while 1 and 2 use the GPU
-(timeout 300 python3 benchmarks/paper_scale.py --folder "$SCALE" --write --images "$IMAGES" \
-    --trials > "$LOGS/scale-write.log" 2>&1) &
-writer=$!
-for sizes in recipe paper; do
-    timeout 150 python3 benchmarks/gpu_trial.py --preset small --sizes "$sizes" --steps 200 \
-        > "$LOGS/gpu_trial-$sizes.log" 2>&1
-done
-timeout 90 python3 -m studies.run ltd_bound --debug --set data.preset=small \
-    train.warmup_epochs=2 train.finetune_epochs=2 > "$LOGS/debug.log" 2>&1
-wait $writer
-timeout 120 python3 benchmarks/paper_scale.py --folder "$SCALE" --trials 1 2 4 --steps 30 \
-    --device "$DEVICE" > "$LOGS/scale.log" 2>&1
-timeout 100 python3 -m studies.run pooling_objective --recipe paper --plan --calibrate 20 \
-    --workspace "$SCALE/workspace" --set data.precomp_dir="$SCALE" data.relevance=none \
-    train.device="$DEVICE" > "$LOGS/calibrate.log" 2>&1
+PARTS=" ${*:-trial debug scale calibrate} "
+has() { [[ $PARTS == *" $1 "* ]]; }
+WORKERS=$(( $(nproc) > 4 ? $(nproc) - 4 : 1 ))  # image generation; the rest drive the GPU
+# learnability: "preset sizes epochs" per run (LEARN_RUNS, ';'-separated, for a dry run on a CPU)
+IFS=';' read -r -a LEARN <<< "${LEARN_RUNS:-default recipe 30;default paper 30;large recipe 15;large paper 15}"
+LEARN_PRESETS=$(printf '%s\n' "${LEARN[@]}" | awk '!seen[$1]++ {print $1}')
+
+# the scale part's folder and the learnability part's presets, written while trial uses the GPU
+if has scale; then
+    (timeout 300 python3 benchmarks/paper_scale.py --folder "$SCALE" --write --images "$IMAGES" \
+        --trials > "$LOGS/scale-write.log" 2>&1) &
+    writer=$!
+fi
+if has learnability; then
+    (for preset in $LEARN_PRESETS; do
+        timeout 200 python3 -m icr.data.synthetic --out "$D/ws/data/shapes-$preset-0" \
+            --preset "$preset" --workers "$WORKERS" > "$LOGS/generate-$preset.log" 2>&1
+    done) &
+    generator=$!
+fi
+if has trial; then
+    for sizes in ${TRIAL_SIZES:-recipe paper}; do
+        timeout "${TRIAL_SECONDS:-150}" python3 benchmarks/gpu_trial.py --preset small --sizes "$sizes" \
+            --steps "${TRIAL_STEPS:-200}" \
+            > "$LOGS/gpu_trial-$sizes.log" 2>&1
+    done
+fi
+if has debug; then
+    timeout 90 python3 -m studies.run ltd_bound --debug --set data.preset=small \
+        train.warmup_epochs=2 train.finetune_epochs=2 > "$LOGS/debug.log" 2>&1
+fi
+if has learnability; then
+    wait "$generator"
+    for run in "${LEARN[@]}"; do
+        read -r preset sizes epochs <<< "$run"
+        timeout "${LEARN_SECONDS:-420}" python3 benchmarks/benchmark_realism.py --only-learnability \
+            --presets "$preset" --sizes "$sizes" --epochs "$epochs" --set train.device="$DEVICE" \
+            > "$LOGS/learn-$preset-$sizes.log" 2>&1 &
+    done
+    wait
+fi
+if has scale; then
+    wait $writer
+    timeout 120 python3 benchmarks/paper_scale.py --folder "$SCALE" --trials 1 2 4 --steps 30 \
+        --device "$DEVICE" > "$LOGS/scale.log" 2>&1
+fi
+if has calibrate; then
+    timeout 100 python3 -m studies.run pooling_objective --recipe paper --plan --calibrate 20 \
+        --workspace "$SCALE/workspace" --set data.precomp_dir="$SCALE" data.relevance=none \
+        train.device="$DEVICE" > "$LOGS/calibrate.log" 2>&1
+fi
 
 # one table of what came out; a part without a line ran out of its time (see its log)
 row() { local part=$1; shift; local lines; lines=$("$@"); if [ -n "$lines" ]; then
@@ -101,11 +145,21 @@ row() { local part=$1; shift; local lines; lines=$("$@"); if [ -n "$lines" ]; th
     echo "| part | result |"
     echo "| :--- | :--- |"
     row device cat "$LOGS/gpu.txt"
-    for sizes in recipe paper; do
+    for sizes in ${TRIAL_SIZES:-recipe paper}; do
+        has trial || continue
         row "gpu_trial, $sizes sizes (arch, samples/s, peak MiB, data wait %)" \
             sh -c "grep -E '^\| [a-z_]+ \| [0-9]' '$LOGS/gpu_trial-$sizes.log' | cut -d'|' -f2-5; grep -E 'Error|DIFFERS|no CUDA' '$LOGS/gpu_trial-$sizes.log' | tail -2"
     done
-    row "--debug ltd_bound" sh -c "tr '\r' '\n' < '$LOGS/debug.log' | grep -E '^epoch [0-9]+/[0-9]+ ' | tail -4"
-    row paper_scale sh -c "grep -hE 'trial\(s\) at once|folder written|prepared|training images' '$LOGS/scale-write.log' '$LOGS/scale.log'"
-    row "calibrate pooling_objective paper" grep -E "calibrated|estimate" "$LOGS/calibrate.log"
+    has debug && row "--debug ltd_bound" sh -c "tr '\r' '\n' < '$LOGS/debug.log' | grep -E '^epoch [0-9]+/[0-9]+ ' | tail -4"
+    has scale && row paper_scale sh -c "grep -hE 'trial\(s\) at once|folder written|prepared|training images' '$LOGS/scale-write.log' '$LOGS/scale.log'"
+    has calibrate && row "calibrate pooling_objective paper" grep -E "calibrated|estimate" "$LOGS/calibrate.log"
+    if has learnability; then
+        for preset in $LEARN_PRESETS; do
+            row "generate $preset" tail -1 "$LOGS/generate-$preset.log"
+        done
+        for run in "${LEARN[@]}"; do
+            read -r preset sizes epochs <<< "$run"
+            row "learnability $preset $sizes" sh -c "grep -E '^\| $sizes sizes|^  .*(after epoch|epoch $epochs/)' '$LOGS/learn-$preset-$sizes.log' | tail -6"
+        done
+    fi
 } | tee "$LOGS/table.md"

@@ -153,8 +153,9 @@ def test_in_batch_top1_is_the_exact_expectation_over_batches():
         foreign = [k for k in range(len(cap)) if caption_image[k] != p]
         i2t += [np.mean([sims[p, c] > sims[p, list(s)].max()
                          for s in itertools.combinations(foreign, batch - 1)])]
-    got_i2t, got_t2i = realism.in_batch_top1(img, cap, caption_image, batch=batch, chunk=4)
-    assert got_i2t == pytest.approx(np.mean(i2t)) and got_t2i == pytest.approx(np.mean(t2i))
+    for chunk in (1, 4, 64):  # images per chunk: several chunks on each side, and one
+        got_i2t, got_t2i = realism.in_batch_top1(img, cap, caption_image, batch=batch, chunk=chunk)
+        assert got_i2t == pytest.approx(np.mean(i2t)) and got_t2i == pytest.approx(np.mean(t2i))
 
 
 def _no_hit(positives: int, others: int, draws: int) -> float:

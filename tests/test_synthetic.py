@@ -434,3 +434,18 @@ def test_every_preset_is_a_config_value_and_2048_shares_the_default_images():
     a, b = (writer.generate_image(0, 7, "train", p) for p in (default, wide))
     assert np.array_equal(a.pixels, b.pixels) and [c.raw for c in a.captions] == [c.raw for c in b.captions]
     assert np.array_equal(a.region_boxes, b.region_boxes)
+
+
+def test_the_large_preset_extends_the_default_training_split():
+    default, large = writer.PRESETS["default"], writer.PRESETS["large"]
+    assert large.detector == default.detector and (large.val, large.test) == (default.val, default.test)
+    plan = writer._image_plan(large)
+    assert plan[:default.train] == writer._image_plan(default)[:default.train]
+    assert sum(split == "train" for _, split in plan) == 4 * default.train
+
+
+def test_the_command_line_refuses_zero_workers(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "icr.data.synthetic", "--out", str(tmp_path / "x"),
+                           "--preset", "tiny", "--workers", "0"], capture_output=True, text=True)
+    assert done.returncode == 2 and "--workers 0" in done.stderr.splitlines()[-1]
+    assert not (tmp_path / "x").exists()

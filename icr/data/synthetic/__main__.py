@@ -19,12 +19,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overwrite", action="store_true", help="replace an existing folder")
     parser.add_argument("--detector-cache", help="folder of trained region detectors (default: "
                         "shapes-detectors beside --out)")
+    parser.add_argument("--workers", type=int, help="processes generating images (default: up to "
+                        "2); the files do not depend on it")
     args = parser.parse_args(argv)
+    if args.workers is not None and args.workers < 1:
+        parser.error(f"--workers {args.workers}: give 1 or more")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     start = time.perf_counter()
     try:
         out = generate(args.out, args.preset, args.seed, overwrite=args.overwrite,
-                       detector_cache=args.detector_cache)
+                       workers=args.workers, detector_cache=args.detector_cache)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
