@@ -428,6 +428,7 @@ class Learnability:
     epochs: int
     steps_per_epoch: int
     val_rsum: list[float]
+    train_loss: list[float]  # the epoch's mean training loss (a collapse shows here)
     best_epoch: int
     test: dict[str, float]
     top1: dict[int, tuple[float, float]]  # epoch -> (i2t, t2i) on the training split
@@ -449,7 +450,7 @@ def learnability(workspace: Workspace, preset: str, seed: int, epochs: int, size
     from studies.plan import Options, StudyPlan
 
     sets = {"data.preset": preset, "data.seed": str(seed), "train.live_cocos": "false",
-            **MODEL_SIZES[sizes], **(overrides or {})}
+            "eval.test": "true", **MODEL_SIZES[sizes], **(overrides or {})}
     base = StudyPlan.build(get_study(study), Options(overrides=sets, workspace=str(workspace.root)))
     warmup = base.debug_config(condition).train.warmup_epochs
     if epochs <= warmup:
@@ -458,13 +459,16 @@ def learnability(workspace: Workspace, preset: str, seed: int, epochs: int, size
     plan = StudyPlan.build(get_study(study), Options(overrides=sets, workspace=str(workspace.root)))
     config = plan.debug_config(condition)
     val_rsum: list[float] = []
+    train_loss: list[float] = []
     top1: dict[int, tuple[float, float]] = {}
     captions: list[int] = []  # the training split's size, once read
 
     def reporter(report: EpochReport) -> None:
         val_rsum.append(report.metrics["val_rsum"])
+        train_loss.append(report.metrics.get("train_loss", float("nan")))
         print(f"  {sizes} sizes, epoch {report.epoch}/{epochs}: val rsum {val_rsum[-1]:.1f}, "
-              f"{report.metrics['epoch_time_s']:.0f} s", flush=True)
+              f"training loss {train_loss[-1]:.3f}, {report.metrics['epoch_time_s']:.0f} s",
+              flush=True)
         if (report.epoch <= TOP1_EPOCHS or report.final) and report.checkpoint is not None:
             task = load_trained(config, report.checkpoint, workspace=workspace, best=False)
             with torch.no_grad():
@@ -479,8 +483,8 @@ def learnability(workspace: Workspace, preset: str, seed: int, epochs: int, size
     with tempfile.TemporaryDirectory(prefix="realism-learnability-") as run_dir:
         result = fit(config, reporter, workspace=workspace, run_dir=run_dir)
     steps = -(-captions[0] // config.train.batch_size) if captions else 0
-    return Learnability(sizes, epochs, steps, val_rsum, result.best_epoch, result.test or {}, top1,
-                        time.perf_counter() - start)
+    return Learnability(sizes, epochs, steps, val_rsum, train_loss, result.best_epoch,
+                        result.test or {}, top1, time.perf_counter() - start)
 
 
 def ceiling_recalls(other_images: np.ndarray, other_captions: np.ndarray, per_image: int,
@@ -565,6 +569,9 @@ def learnability_table(runs: Sequence[Learnability], ceiling: dict[str, dict[str
               "Validation rsum per epoch:"]
     lines += [f"- {run.sizes} sizes ({run.seconds / 60:.1f} min): "
               + ", ".join(f"{v:.1f}" for v in run.val_rsum) for run in runs]
+    lines += ["", "Mean training loss per epoch:"]
+    lines += [f"- {run.sizes} sizes: " + ", ".join(f"{v:.3g}" for v in run.train_loss)
+              for run in runs]
     return "\n".join(lines)
 
 

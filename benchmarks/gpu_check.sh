@@ -21,8 +21,8 @@
 #   trial:     gpu_trial, every architecture, the recipes' and the papers' model sizes (small
 #              preset);
 #   debug:     a --debug trial of ltd_bound (small preset, 2 + 2 epochs);
-#   scale:     paper_scale: a COCO-sized precomputed folder (written in the background from the
-#              start), 1, 2 and 4 trials at once: start time, private memory, steps/s;
+#   scale:     paper_scale: a COCO-sized precomputed folder (written in the background once
+#              trial is done), 1, 2 and 4 trials at once: start time, private memory, steps/s;
 #   calibrate: --plan --calibrate of pooling_objective's paper recipe on that folder (device-hours);
 #   learnability (not in the default set; about 8 minutes): the default and large presets
 #              generated there (the detector travels in .device/), then benchmark_realism's
@@ -88,11 +88,20 @@ python3 -c "import torch, transformers; print('torch', torch.__version__, 'trans
 PARTS=" ${*:-trial debug scale calibrate} "
 has() { [[ $PARTS == *" $1 "* ]]; }
 WORKERS=$(( $(nproc) > 4 ? $(nproc) - 4 : 1 ))  # image generation; the rest drive the GPU
-# learnability: "preset sizes epochs" per run (LEARN_RUNS, ';'-separated, for a dry run on a CPU)
+# learnability: "preset sizes epochs [study condition]" per run (LEARN_RUNS, ';'-separated;
+# the default study is ltd_bound's contrastive baseline)
 IFS=';' read -r -a LEARN <<< "${LEARN_RUNS:-default recipe 30;default paper 30;large recipe 15;large paper 15}"
 LEARN_PRESETS=$(printf '%s\n' "${LEARN[@]}" | awk '!seen[$1]++ {print $1}')
 
-# the scale part's folder and the learnability part's presets, written while trial uses the GPU
+if has trial; then
+    for sizes in ${TRIAL_SIZES:-recipe paper}; do
+        timeout "${TRIAL_SECONDS:-150}" python3 benchmarks/gpu_trial.py --preset small --sizes "$sizes" \
+            --steps "${TRIAL_STEPS:-200}" \
+            > "$LOGS/gpu_trial-$sizes.log" 2>&1
+    done
+fi
+# the scale part's folder and the learnability part's presets, written in the background once
+# trial is done (its figures are taken on an otherwise idle machine)
 if has scale; then
     (timeout 300 python3 benchmarks/paper_scale.py --folder "$SCALE" --write --images "$IMAGES" \
         --trials > "$LOGS/scale-write.log" 2>&1) &
@@ -105,26 +114,22 @@ if has learnability; then
     done) &
     generator=$!
 fi
-if has trial; then
-    for sizes in ${TRIAL_SIZES:-recipe paper}; do
-        timeout "${TRIAL_SECONDS:-150}" python3 benchmarks/gpu_trial.py --preset small --sizes "$sizes" \
-            --steps "${TRIAL_STEPS:-200}" \
-            > "$LOGS/gpu_trial-$sizes.log" 2>&1
-    done
-fi
 if has debug; then
     timeout 90 python3 -m studies.run ltd_bound --debug --set data.preset=small \
         train.warmup_epochs=2 train.finetune_epochs=2 > "$LOGS/debug.log" 2>&1
 fi
 if has learnability; then
     wait "$generator"
+    runs=()
     for run in "${LEARN[@]}"; do
-        read -r preset sizes epochs <<< "$run"
+        read -r preset sizes epochs study condition <<< "$run"
         timeout "${LEARN_SECONDS:-420}" python3 benchmarks/benchmark_realism.py --only-learnability \
             --presets "$preset" --sizes "$sizes" --epochs "$epochs" --set train.device="$DEVICE" \
-            > "$LOGS/learn-$preset-$sizes.log" 2>&1 &
+            --study "${study:-ltd_bound}" --condition "${condition:-contrastive}" \
+            > "$LOGS/learn-$preset-$sizes-${condition:-contrastive}.log" 2>&1 &
+        runs+=($!)
     done
-    wait
+    wait "${runs[@]}"
 fi
 if has scale; then
     wait $writer
@@ -158,8 +163,8 @@ row() { local part=$1; shift; local lines; lines=$("$@"); if [ -n "$lines" ]; th
             row "generate $preset" tail -1 "$LOGS/generate-$preset.log"
         done
         for run in "${LEARN[@]}"; do
-            read -r preset sizes epochs <<< "$run"
-            row "learnability $preset $sizes" sh -c "grep -E '^\| $sizes sizes|^  .*(after epoch|epoch $epochs/)' '$LOGS/learn-$preset-$sizes.log' | tail -6"
+            read -r preset sizes epochs study condition <<< "$run"
+            row "learnability $preset $sizes ${condition:-contrastive}" sh -c "grep -E '^\| $sizes sizes|^  .*(after epoch|epoch $epochs/)' '$LOGS/learn-$preset-$sizes-${condition:-contrastive}.log' | tail -6"
         done
     fi
 } | tee "$LOGS/table.md"
