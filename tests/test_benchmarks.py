@@ -106,6 +106,23 @@ def test_benchmark_realism_tiny(capsys, tmp_path):
     assert all(0 <= float(v) <= 100 for _, a, b in rates for v in (a, b))
 
 
+def test_learnability_alone_needs_no_coco_files_and_tests_any_study(capsys, tmp_path, monkeypatch):
+    """--only-learnability (a GPU machine's run): no statistics or probe tables and no
+    eccv-caption; another study's condition, whose recipe skips the test split, is still tested,
+    and each epoch's training loss is reported (where a triplet SH collapse shows)."""
+    realism = load("benchmark_realism")
+    monkeypatch.setitem(sys.modules, "eccv_caption", None)  # importing it now fails
+    realism.main(["--workspace", str(tmp_path), "--presets", "tiny", "--only-learnability",
+                  "--epochs", "2", "--sizes", "recipe", "--study", "loss_functions",
+                  "--condition", "vsrn_triplet_sh"])
+    out = capsys.readouterr().out
+    assert "regions per image" not in out and "shape (13)" not in out
+    run = next(line for line in out.splitlines() if line.startswith("| recipe sizes"))
+    assert 0 <= float(run.strip(" |").split(" | ")[2].split()[0]) <= 600  # a test rsum, not nan
+    losses = out.split("Mean training loss per epoch:")[1].strip().splitlines()[0]
+    assert len(re.findall(r"\d+\.?\d*", losses.split(":")[1])) == 2 and "nan" not in losses
+
+
 def test_bag_of_objects_keeps_objects_and_background_only():
     realism = load("benchmark_realism")
     red, blue = {"colour": "red", "hpos": "left"}, {"shape": "square"}
