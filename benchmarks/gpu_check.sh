@@ -6,8 +6,9 @@
 #   bash benchmarks/gpu_check.sh             # there, with .device/ carried along
 #   bash benchmarks/gpu_check.sh trial learnability   # there: only these parts
 #
-# Environment: TRIAL_SIZES ("recipe paper"), TRIAL_STEPS (200), TRIAL_SECONDS (150), LEARN_RUNS (see learnability),
-# LEARN_SECONDS (420, each learnability run's limit), CHECK_DEVICE (cuda), SCALE_IMAGES (113287).
+# Environment: TRIAL_SIZES ("recipe paper"), TRIAL_STEPS (200), TRIAL_SECONDS (150), LEARN_RUNS
+# (see learnability), LEARN_SECONDS (420, each learnability run's limit), CHECK_DEVICE (cuda),
+# SCALE_IMAGES (113287).
 #
 # The GPU machines have torch, transformers, sentence-transformers, numpy, pandas, scipy,
 # matplotlib, tqdm, pyyaml and psutil, and lack Ray, MLflow, Optuna and the three asset packages;
@@ -24,7 +25,7 @@
 #   scale:     paper_scale: a COCO-sized precomputed folder (written in the background once
 #              trial is done), 1, 2 and 4 trials at once: start time, private memory, steps/s;
 #   calibrate: --plan --calibrate of pooling_objective's paper recipe on that folder (device-hours);
-#   learnability (not in the default set; about 8 minutes): the default and large presets
+#   learnability (not in the default set; 5 minutes on an H100): the default and large presets
 #              generated there (the detector travels in .device/), then benchmark_realism's
 #              learnability of ltd_bound's contrastive baseline, four runs at once on the GPU:
 #              default and large, the recipe's and the papers' model sizes (30 and 15 epochs);
@@ -66,6 +67,14 @@ PY
     exit 0
 fi
 
+PARTS=" ${*:-trial debug scale calibrate} "
+has() { [[ $PARTS == *" $1 "* ]]; }
+for part in $PARTS; do
+    case $part in trial|debug|scale|calibrate|learnability) ;;
+    *) echo "error: unknown part '$part'; choose from trial debug scale calibrate learnability" >&2
+       exit 2 ;;
+    esac
+done
 RESULT=${OUT:-/tmp/gpu-check-out}
 LOGS=/tmp/gpu-check-logs
 SCALE=${SCALE_DIR:-/tmp/coco-scale}
@@ -85,8 +94,6 @@ PY
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$LOGS/gpu.txt"
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" | tee -a "$LOGS/gpu.txt"
 
-PARTS=" ${*:-trial debug scale calibrate} "
-has() { [[ $PARTS == *" $1 "* ]]; }
 WORKERS=$(( $(nproc) > 4 ? $(nproc) - 4 : 1 ))  # image generation; the rest drive the GPU
 # learnability: "preset sizes epochs [study condition]" per run (LEARN_RUNS, ';'-separated;
 # the default study is ltd_bound's contrastive baseline)
