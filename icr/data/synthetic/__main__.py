@@ -1,4 +1,7 @@
-"""``python -m icr.data.synthetic --out DIR --preset {tiny,small,default} --seed N``."""
+"""``python -m icr.data.synthetic --out DIR [--preset P] [--seed N] [--workers N]``.
+
+Presets: tiny, small, default, default-2048, large (:data:`icr.data.synthetic.writer.PRESETS`).
+"""
 
 from __future__ import annotations
 
