@@ -408,9 +408,10 @@ def in_batch_top1(img: torch.Tensor, cap: torch.Tensor, caption_image: torch.Ten
     for start in range(0, n_img, chunk):
         stop = min(start + chunk, n_img)
         mine = torch.nonzero((caption_image >= start) & (caption_image < stop)).flatten()  # (m,)
-        sims = img[caption_image[mine]] @ cap.t()  # (m, N_cap): each own caption's image's row
+        owner = caption_image[mine]  # (m,): each of the chunk's captions' image
+        sims = img[owner] @ cap.t()  # (m, N_cap)
         positive = sims[torch.arange(len(mine), device=img.device), mine]  # (m,)
-        foreign = caption_image[None, :] != caption_image[mine][:, None]  # (m, N_cap)
+        foreign = caption_image[None, :] != owner[:, None]  # (m, N_cap)
         above_i2t[mine] = ((sims > positive[:, None]) & foreign).sum(1)
     per_image = n_cap / n_img
     draws = batch - 1
@@ -654,20 +655,19 @@ def main(argv: list[str] | None = None) -> int:
     overrides = _overrides(args.set)
 
     workspace = Workspace.resolve(args.workspace)
-    presets, probes = {}, {}
-    for preset in args.presets.split(","):
-        root = ensure_benchmark(workspace.data / f"shapes-{preset}-{args.seed}", preset, args.seed)
-        if not args.only_learnability:
-            presets[preset] = embedded_statistics(root)
-            probes[preset] = probe_statistics(root)
+    names = args.presets.split(",")
+    roots = {p: ensure_benchmark(workspace.data / f"shapes-{p}-{args.seed}", p, args.seed)
+             for p in names}
     if not args.only_learnability:
+        presets = {p: embedded_statistics(root) for p, root in roots.items()}
+        probes = {p: probe_statistics(root) for p, root in roots.items()}
         print(table(coco_statistics(), presets))
         print()
         print(probe_table(probes))
-    for preset in args.presets.split(",") if args.learnability or args.only_learnability else ():
+    for preset in names if args.learnability or args.only_learnability else ():
         runs = [learnability(workspace, preset, args.seed, args.epochs, s, args.study,
                              args.condition, overrides) for s in sizes]
-        ceiling = retrieval_ceiling(workspace.data / f"shapes-{preset}-{args.seed}")
+        ceiling = retrieval_ceiling(roots[preset])
         print(f"\nLearnability on {preset} ({args.study} {args.condition}):\n")
         print(learnability_table(runs, ceiling))
     return 0

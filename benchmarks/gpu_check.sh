@@ -157,8 +157,7 @@ row() { local part=$1; shift; local lines; lines=$("$@"); if [ -n "$lines" ]; th
     echo "| part | result |"
     echo "| :--- | :--- |"
     row device cat "$LOGS/gpu.txt"
-    for sizes in ${TRIAL_SIZES:-recipe paper}; do
-        has trial || continue
+    has trial && for sizes in ${TRIAL_SIZES:-recipe paper}; do
         row "gpu_trial, $sizes sizes (arch, samples/s, peak MiB, data wait %)" \
             sh -c "grep -E '^\| [a-z_]+ \| [0-9]' '$LOGS/gpu_trial-$sizes.log' | cut -d'|' -f2-5; grep -E 'Error|DIFFERS|no CUDA' '$LOGS/gpu_trial-$sizes.log' | tail -2"
     done
