@@ -430,7 +430,10 @@ def test_a_trial_restored_from_a_lagging_tune_state_continues_after_its_recorded
     was trained again after it, because Tune saves its experiment state (which holds each trial's
     checkpoint) to storage in the background and the kill came before that copy. Here Tune's
     state is put back to one saved before the first epoch, as such a kill leaves it; every
-    trial must continue after the epoch MLflow holds for it."""
+    trial must continue after the epoch MLflow holds for it, or after a later epoch whose
+    checkpoint the trial had marked with its result before the kill (the driver may die between
+    the trial's mark and its MLflow record; the chaos test allows the same), and no epoch may be
+    recorded twice or lost."""
     workspace, records, gate = tmp_path / "ws", tmp_path / "records", tmp_path / "gate"
     gate.mkdir()
     script = tmp_path / "driver.py"
@@ -478,11 +481,12 @@ def test_a_trial_restored_from_a_lagging_tune_state_continues_after_its_recorded
     final = {row["tune_trial_id"]: row["steps"][-1] for _, row in runs.iterrows()}
     for trial in trials:
         if trial in search_again:  # it trained on from the epoch its run holds, not from before
-            assert search_again[trial]["resumed_after"] == recorded.get(trial, 0), (
+            assert search_again[trial]["resumed_after"] >= recorded.get(trial, 0), (
                 trial, recorded, search_again)
         else:  # it ended there (it had, or ASHA stopped it when its epoch came again)
             assert final[trial] == recorded[trial], (trial, recorded, final)
     assert runs["tune_trial_id"].is_unique and all(len(s) == len(set(s)) for s in runs["steps"])
+    assert all(sorted(s) == list(range(1, len(s) + 1)) for s in runs["steps"])  # none lost
     full = runs[(runs["phase"] == "search") & (runs["budget_complete"] == "true")]
     assert all(steps == [1, 2, 3, 4] for steps in full["steps"])
 
