@@ -152,8 +152,8 @@ def _start_head_once(num_cpus: int | None, num_gpus: int | None, dashboard: bool
     temp_dir = _new_temp_dir(marker)
     # Ray has no "pick a free port" for these three (the two metrics ports come from the
     # environment of the dashboard and the autoscaler monitor).
-    ports = {"ray_client_server": free_port(), "dashboard_metrics": free_port(),
-             "autoscaler_metrics": free_port()}
+    names = ("ray_client_server", "dashboard_metrics", "autoscaler_metrics")
+    ports = dict(zip(names, free_ports(len(names)), strict=True))
     cmd = [sys.executable, "-c", _HEAD_SCRIPT, str(PROJECT_ROOT), str(temp_dir), "start", "--head",
            "--node-ip-address", LOOPBACK, "--port", "0", "--dashboard-host", LOOPBACK,
            "--dashboard-port", "0", "--include-dashboard", str(dashboard).lower(),
@@ -267,15 +267,34 @@ def free_port(low: int = 20000, high: int = 32000) -> int:
     Outgoing connections of the starting instance take ephemeral ports, so they cannot take this
     one before Ray binds it.
     """
-    for _ in range(200):
-        port = random.randint(low, high)
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+    return free_ports(1, low, high)[0]
+
+
+def free_ports(count: int, low: int = 20000, high: int = 32000) -> list[int]:
+    """``count`` distinct free loopback ports (see :func:`free_port`).
+
+    Each stays bound until all are found: probed one at a time, two could be the same port (the
+    loss_search smoke once gave Ray's client server and the autoscaler's metrics both 26100, and
+    the client server's exit took the instance down).
+    """
+    held: list[socket.socket] = []
+    try:
+        for _ in range(200 * count):
+            if len(held) == count:
+                break
+            probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             try:
-                probe.bind((LOOPBACK, port))
+                probe.bind((LOOPBACK, random.randint(low, high)))
             except OSError:
+                probe.close()
                 continue
-            return port
-    raise UserError(f"no free TCP port between {low} and {high} on {LOOPBACK}")
+            held.append(probe)
+        if len(held) < count:
+            raise UserError(f"no {count} free TCP ports between {low} and {high} on {LOOPBACK}")
+        return [probe.getsockname()[1] for probe in held]
+    finally:
+        for probe in held:
+            probe.close()
 
 
 def _launch(cmd: list[str], env: dict[str, str], temp_dir: Path) -> subprocess.Popen:

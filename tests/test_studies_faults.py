@@ -327,3 +327,17 @@ def test_a_store_whose_writer_was_killed_mid_transaction_is_not_called_damaged(t
     check_store(f"sqlite:///{db}")  # no UserError
     with sqlite3.connect(db) as con:  # the killed transaction was rolled back
         assert con.execute("SELECT SUM(value) FROM metrics").fetchone()[0] == sum(range(300))
+
+
+# --- 8. two of a new instance's ports the same ----------------------------------------------------
+
+
+def test_the_ports_a_new_instance_is_given_are_distinct(monkeypatch) -> None:
+    """A loss_search smoke died at start: Ray's client server and the autoscaler's metrics had
+    both been given 26100, each port probed free on its own and released before the next was
+    drawn, so the client server could not bind and its exit took the instance down. Drawn the
+    same port twice, the launcher now takes another."""
+    a, b = launcher.free_ports(2)
+    draws = iter([a, a, b])
+    monkeypatch.setattr(launcher.random, "randint", lambda low, high: next(draws))
+    assert launcher.free_ports(2) == [a, b]
