@@ -84,8 +84,8 @@ def data_key(config: ExperimentConfig) -> tuple[tuple[str, Any], ...]:
     ``decoder.target_model``, but only one whose decoder reconstructs latent targets needs them
     encoded, and its trials would otherwise encode them, each on its own core, at the start of
     the study (about 140 s of each of ltd_bound's first two trials on 2 cores)."""
-    flat, used = to_flat(config), set(used_keys(config))
-    return tuple(sorted((k, v) for k, v in flat.items() if k in used and k.startswith(DATA_PREFIXES)))
+    flat = to_flat(config)
+    return tuple(sorted((k, flat[k]) for k in used_keys(config) if k.startswith(DATA_PREFIXES)))
 
 
 def prepare_data(plan: StudyPlan, backend: Backend, say: Callable[[str], None]) -> dict[str, str]:
