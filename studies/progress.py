@@ -7,13 +7,18 @@
 (a condition's search, or the confirmation) and writes the line; it knows nothing of Ray (the
 Tune callback that feeds it is :class:`studies.tuning.ProgressCallback`).
 
-The estimate of the rest is the epochs still to train times the mean measured epoch time
-(Tune's ``time_this_iter_s``: training, validation and reporting), divided by the trials that
-run at once. It assumes that a running trial trains to the full budget and that a trial not
-yet started trains as many epochs as the trials finished so far in this run did on average
-(the full budget until one has finished, and in a confirmation, where nothing stops early). ASHA
-decides at run time how far a trial goes, so during a search the estimate moves; it is an upper
-bound while no trial has finished.
+The estimate of the rest is the epochs still to train times the measured epoch time (Tune's
+``time_this_iter_s``: training, validation and reporting), divided by the trials that run at
+once. It assumes that a running trial trains to the full budget and that a trial not yet started
+trains as many epochs as the trials finished so far in this run did on average (the full budget
+until one has finished, and in a confirmation, where nothing stops early). ASHA decides at run
+time how far a trial goes, so during a search the estimate moves; it is an upper bound while no
+trial has finished.
+
+A confirmation runs every condition's seeds in one Tune run, and conditions can differ in speed
+many times over (in ltd_architectures a TERN epoch took 5 times a VSRN one): each condition's
+trials are timed by that condition's own epochs (by the run's mean until one of them has
+reported), and its trials not yet started are counted from its own planned number.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,6 +66,7 @@ class TrialView:
     trial_id: str
     state: str  # DONE, RUNNING or WAITING (created, not started)
     epochs: int = 0
+    group: str = ""  # its condition, where a run mixes conditions (Progress.groups)
 
 
 @dataclass
@@ -74,6 +80,8 @@ class Progress:
         metric, mode: the score shown as the best so far (``max`` or ``min``).
         slots: trials that run at once.
         clock: seconds (monotonic); tests pass a fake one.
+        groups: the planned trials of each condition, where one run mixes conditions (a
+            confirmation); empty: one group of ``expected`` trials.
     """
 
     title: str
@@ -83,20 +91,22 @@ class Progress:
     mode: str = "max"
     slots: int = 1
     clock: Callable[[], float] = time.monotonic
+    groups: Mapping[str, int] = field(default_factory=dict)
     started: float = field(init=False)
     latest: dict[str, tuple[float, str]] = field(default_factory=dict, init=False)
-    epoch_seconds: list[float] = field(default_factory=list, init=False)
+    epoch_seconds: dict[str, list[float]] = field(default_factory=dict, init=False)
     finished_epochs: list[int] = field(default_factory=list, init=False)
 
     def __post_init__(self) -> None:
         self.started = self.clock()
 
-    def on_result(self, trial_id: str, result: Mapping[str, Any], values: str) -> None:
+    def on_result(self, trial_id: str, result: Mapping[str, Any], values: str,
+                  group: str = "") -> None:
         """A reported epoch: its time, and the trial's score now (``values``: the trial's
-        sampled values, shown beside the best score)."""
+        sampled values, shown beside the best score; ``group``: its condition)."""
         seconds = result.get("time_this_iter_s", result.get("epoch_time_s"))
         if isinstance(seconds, int | float) and math.isfinite(seconds) and seconds > 0:
-            self.epoch_seconds.append(float(seconds))
+            self.epoch_seconds.setdefault(group, []).append(float(seconds))
         self.on_score(trial_id, result, values)
 
     def on_score(self, trial_id: str, result: Mapping[str, Any], values: str) -> None:
@@ -128,7 +138,7 @@ class Progress:
             parts.append(f"best {self.metric} {self.best[0]:.1f}"
                          + (f" ({self.best[1]})" if self.best[1] else ""))
         elapsed = f"{_duration(self.clock() - self.started)} elapsed"
-        rest = self.seconds_left(running, left)
+        rest = self.seconds_left(trials)
         if rest is None:
             elapsed += ", the rest estimated after the first epoch"
         elif left or running:
@@ -136,17 +146,28 @@ class Progress:
         parts.append(elapsed)
         return f"{self.title}: " + "; ".join(parts)
 
-    def seconds_left(self, running: list[TrialView], left: int) -> float | None:
+    def seconds_left(self, trials: Sequence[TrialView]) -> float | None:
         """The estimate of the rest (module docstring); None before an epoch was measured."""
-        if not self.epoch_seconds:
-            return None if (running or left) else 0.0
-        epoch = sum(self.epoch_seconds) / len(self.epoch_seconds)
-        expected_length = (sum(self.finished_epochs) / len(self.finished_epochs)
-                           if self.finished_epochs else self.max_epochs)
-        per_trial = [max(0, self.max_epochs - t.epochs) for t in running]
-        epochs = sum(per_trial) + left * expected_length
-        parallel = max(1, min(self.slots, len(running) + left))
-        return max(epochs / parallel, max(per_trial, default=0)) * epoch
+        measured = [s for times in self.epoch_seconds.values() for s in times]
+        length = (sum(self.finished_epochs) / len(self.finished_epochs)
+                  if self.finished_epochs else self.max_epochs)
+        to_come: list[float] = []  # the seconds of each trial not started
+        running_left: list[float] = []  # the seconds each running trial has left
+        for group, planned in (self.groups or {"": self.expected}).items():
+            own = [t for t in trials if not self.groups or t.group == group]
+            running = [t for t in own if t.state == RUNNING]
+            left = max(0, planned - sum(t.state == DONE for t in own) - len(running))
+            if not running and not left:
+                continue
+            if not measured:
+                return None
+            times = self.epoch_seconds.get(group) if self.groups else measured
+            epoch = sum(times or measured) / len(times or measured)
+            running_left += [max(0, self.max_epochs - t.epochs) * epoch for t in running]
+            to_come += [length * epoch] * left
+        work = sum(running_left) + sum(to_come)
+        parallel = max(1, min(self.slots, len(running_left) + len(to_come)))
+        return max(work / parallel, max(running_left, default=0.0))
 
 
 def _duration(seconds: float) -> str:

@@ -103,7 +103,8 @@ class ProgressCallback(tune.Callback):
         # Pickled into Tune's experiment (a restored Tuner gets it back): the clock and the
         # output of this driver stay here; a restored one gets fresh ones.
         fresh = Progress(self.progress.title, self.progress.expected, self.progress.max_epochs,
-                         self.progress.metric, self.progress.mode, self.progress.slots)
+                         self.progress.metric, self.progress.mode, self.progress.slots,
+                         groups=self.progress.groups)
         return {**self.__dict__, "progress": fresh, "say": say_now, "_tqdm": None, "_last": 0.0,
                 "_ended": set()}
 
@@ -114,7 +115,8 @@ class ProgressCallback(tune.Callback):
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict,
                         **info: Any) -> None:
-        self.progress.on_result(trial.trial_id, result, self._values(trial))
+        self.progress.on_result(trial.trial_id, result, self._values(trial),
+                                spec_of(trial.config).condition)
 
     def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
         if not self._seeded:  # a restored Tuner's trials come with their last results
@@ -169,9 +171,11 @@ class ProgressCallback(tune.Callback):
 
     def _state(self, trial: Any) -> TrialView:
         epochs = int((trial.last_result or {}).get("epoch", 0))
+        group = spec_of(trial.config).condition
         if trial.trial_id in self._ended or trial.status in ("TERMINATED", "ERROR"):
-            return TrialView(trial.trial_id, DONE, epochs)
-        return TrialView(trial.trial_id, RUNNING if trial.status == "RUNNING" else WAITING, epochs)
+            return TrialView(trial.trial_id, DONE, epochs, group)
+        state = RUNNING if trial.status == "RUNNING" else WAITING
+        return TrialView(trial.trial_id, state, epochs, group)
 
     def _values(self, trial: Any) -> str:
         return self.describe(spec_of(trial.config))
@@ -292,8 +296,10 @@ def progress_callback(session: Session, phase: str, conditions: tuple[str, ...],
     its condition, the winner's values and the seed."""
     plan, options = session.plan, session.progress
     epochs = max(plan.condition(c).config.epochs for c in conditions)
+    # Every condition plans as many trials (a search has one; a confirmation, the seeds).
+    groups = dict.fromkeys(conditions, expected // len(conditions))
     progress = Progress(title, expected, epochs, plan.study.metric, plan.study.mode,
-                        session.concurrency, options.clock)
+                        session.concurrency, options.clock, groups)
     describe = confirmation_values if phase == "confirm" else sampled_values
     return ProgressCallback(progress, say=options.say, interval=options.interval,
                             bar=options.use_bar(), describe=describe)

@@ -45,14 +45,36 @@ def test_a_line_counts_the_trials_and_shows_the_best_with_its_values() -> None:
 
 
 def test_the_estimate_uses_the_length_of_the_trials_that_ended() -> None:
-    progress = Progress("search x", expected=4, max_epochs=4, metric="val_rsum", slots=1,
+    progress = Progress("search x", expected=5, max_epochs=4, metric="val_rsum", slots=1,
                         clock=Clock())
     progress.on_result("a", {"epoch": 1, "val_rsum": 1.0, "time_this_iter_s": 10.0}, "")
     progress.on_trial_end(1)  # stopped by ASHA after one epoch
     progress.on_trial_end(3)
+    ended = [TrialView("a", DONE, 1), TrialView("b", DONE, 3)]
     # 2 trials not started, expected to run (1 + 3) / 2 = 2 epochs each; one running at epoch 1.
-    assert progress.seconds_left([TrialView("r", RUNNING, 1)], left=2) == pytest.approx((3 + 4) * 10.0)
-    assert progress.seconds_left([], left=0) == 0.0
+    assert progress.seconds_left([*ended, TrialView("r", RUNNING, 1)]) == pytest.approx((3 + 4) * 10.0)
+    everything = [*ended, *(TrialView(t, DONE, 4) for t in "cde")]
+    assert progress.seconds_left(everything) == 0.0
+
+
+def test_a_confirmation_times_each_condition_by_its_own_epochs() -> None:
+    """ltd_architectures' confirmation: VSRN's runs done at 45 s an epoch, TERN's at 200 s. At
+    the run's mean epoch (VSRN's six and TERN's first two: 84 s), the two epochs each TERN run
+    has left took 2m48s instead of 6m40s."""
+    progress = Progress("confirm", expected=6, max_epochs=3, metric="val_rsum", slots=2,
+                        clock=Clock(), groups={"vsrn": 2, "tern": 2, "tern_dual": 2})
+    for trial in ("v1", "v2"):
+        for epoch in (1, 2, 3):
+            progress.on_result(trial, {"epoch": epoch, "time_this_iter_s": 45.0}, "", "vsrn")
+    for trial in ("t1", "t2"):
+        progress.on_result(trial, {"epoch": 1, "time_this_iter_s": 200.0}, "", "tern")
+    trials = [TrialView("v1", DONE, 3, "vsrn"), TrialView("v2", DONE, 3, "vsrn"),
+              TrialView("t1", RUNNING, 1, "tern"), TrialView("t2", RUNNING, 1, "tern")]
+    # TERN: 2 epochs left of 200 s on each slot. tern_dual, not measured yet: 2 runs of 3 epochs
+    # at the run's mean epoch, (6 x 45 + 2 x 200) / 8 s, after them.
+    mean = (6 * 45.0 + 2 * 200.0) / 8
+    assert progress.seconds_left(trials) == pytest.approx((2 * 2 * 200.0 + 2 * 3 * mean) / 2)
+    assert progress.line(trials).endswith(f"about {_duration(400.0 + 3 * mean)} left")
 
 
 def test_before_any_epoch_the_rest_is_not_estimated_and_min_mode_keeps_the_lowest() -> None:
