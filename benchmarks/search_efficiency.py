@@ -26,8 +26,9 @@ from studies.catalog import get_study
 from studies.pipeline import Backend, open_session, prepare_data, set_quiet_environment
 from studies.plan import Options, StudyPlan
 from studies.select import select_winner
-from studies.session import DriverLock
+from studies.session import DriverLock, Session
 from studies.trainable import TrialJob
+from studies.trials import KEY, TrialSpec
 from studies.tuning import TrialRecord, run_tuner, search
 
 GRID = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3)  # the paper's eta grid (docs/reference-code.md section 1)
@@ -41,6 +42,18 @@ def summarize(records: list[TrialRecord], max_epochs: int) -> tuple[float, float
     if winner is None:
         return float("nan"), float("nan"), epochs
     return float(winner.score), float(winner.sampled["objective.eta"]), epochs
+
+
+def run_grid(session: Session, plan: StudyPlan) -> list[TrialRecord]:
+    """Every eta of GRID for the full budget, as a confirmation runs its specs: one Tune trial
+    per point, the search's seed, tracked in the same study run."""
+    condition = plan.condition(CONDITION)
+    specs = [TrialSpec.resolve(CONDITION, condition.flat, {"objective.eta": eta}) for eta in GRID]
+    job = TrialJob(plan.study.name, "search", str(plan.workspace.root),
+                   experiment=session.experiment_path("grid"))
+    return run_tuner(session, "grid", job, (CONDITION,), {KEY: tune.grid_search(specs)},
+                     tune.TuneConfig(num_samples=1, max_concurrent_trials=session.concurrency),
+                     expected=len(specs), title=f"grid {CONDITION}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -65,12 +78,8 @@ def main(argv: list[str] | None = None) -> None:
             start = time.perf_counter()
             searched = search(session, CONDITION)
             search_s = time.perf_counter() - start
-            job = TrialJob(study.name, "search", str(plan.workspace.root),
-                           {CONDITION: plan.condition(CONDITION).flat})
-            space = {"condition": CONDITION, "objective.eta": tune.grid_search(list(GRID))}
             start = time.perf_counter()
-            grid = run_tuner(session, "grid", job, space,
-                             tune.TuneConfig(max_concurrent_trials=session.concurrency), len(GRID))
+            grid = run_grid(session, plan)
             grid_s = time.perf_counter() - start
             session.tracker.finish(session.parent_id)
         finally:

@@ -38,32 +38,45 @@ def ray_epochs(flat: dict, workspace, cpus: int) -> tuple[list[float], float]:
     from ray import tune
 
     from studies import connection
+    from studies.frameworks.tune import EpochCsvLogger, EpochJsonLogger
     from studies.trainable import TrialJob, run_trial
+    from studies.trials import KEY, TrialSpec
+
+    class EpochTimes(tune.Callback):
+        """Tune's time of each reported epoch, as the driver receives it."""
+
+        def __init__(self) -> None:
+            self.seconds: list[float] = []
+
+        def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
+            self.seconds.append(float(result["time_this_iter_s"]))
 
     cluster = connection.connect(num_cpus=cpus, dashboard=False)
     try:
-        job = TrialJob("ltd_bound", "search", str(workspace.root), {"bench": flat})
-        trainable = tune.with_resources(tune.with_parameters(run_trial, job=job), {"cpu": cpus})
         storage = tempfile.mkdtemp(prefix="overhead-ray-")
-        tuner = tune.Tuner(trainable, param_space={"condition": "bench"},
-                           run_config=tune.RunConfig(name="overhead", storage_path=storage, verbose=0))
+        job = TrialJob("ltd_bound", "search", str(workspace.root),
+                       experiment=f"{storage}/overhead")
+        trainable = tune.with_resources(tune.with_parameters(run_trial, job=job), {"cpu": cpus})
+        times = EpochTimes()
+        # The loggers a study's Tuner has (studies.tuning.run_tuner; Tune's own are off).
+        run_config = tune.RunConfig(name="overhead", storage_path=storage, verbose=0,
+                                    callbacks=[times, EpochJsonLogger(), EpochCsvLogger()])
+        tuner = tune.Tuner(trainable, param_space={KEY: TrialSpec.resolve("bench", flat, {})},
+                           run_config=run_config)
         start = time.perf_counter()
-        grid = tuner.fit()
-        wall = time.perf_counter() - start
-        frame = grid[0].metrics_dataframe
-        return list(frame["time_this_iter_s"]), wall
+        tuner.fit()
+        return times.seconds, time.perf_counter() - start
     finally:
         connection.disconnect(cluster)
 
 
-def main() -> None:
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset", default="small")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--workspace")
     parser.add_argument("--set", dest="overrides", nargs="+", default=[])
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     import torch
 
@@ -71,7 +84,10 @@ def main() -> None:
     from icr.data.pipeline import prepare_data
     from icr.workspace import Workspace
     from studies.catalog import get_study
+    from studies.environment import set_quiet_environment
     from studies.plan import Options, StudyPlan
+
+    set_quiet_environment()  # a study's environment (Tune's own loggers off, as in a study)
 
     plan = StudyPlan.build(get_study("ltd_bound"), Options())
     flat = {**plan.condition("lagrangian").flat, "objective.eta": 0.15, "data.preset": args.preset,

@@ -409,3 +409,42 @@ def test_process_start_prints_both_ways_for_both_processes(capsys):
     for _, now, before, ratio in rows:
         assert float(now) > 0 and float(before) > 0
         assert float(ratio) == pytest.approx(float(before) / float(now), abs=0.01)
+
+
+@pytest.mark.slow
+def test_search_efficiency_sets_the_search_beside_the_papers_grid(capsys, tmp_path):
+    """The benchmark end to end on the tiny preset: the paper's six etas at the full budget and
+    the platform's search, both through the real Tune runs, and the ratios of the two."""
+    bench = load("search_efficiency")
+    bench.main(["--smoke", "--workspace", str(tmp_path)])
+    out = capsys.readouterr().out
+    epochs = int(re.search(r"preset tiny, (\d+) epochs per trial", out)[1])
+    grid = re.search(r"grid +\(6 etas, full budget\): best val rsum ([\d.]+) at eta ([\d.]+), "
+                     r"(\d+) epochs", out)
+    found = re.search(r"search \((\d+) trials, ASHA\): +best val rsum ([\d.]+) at eta "
+                      r"([\d.]+), (\d+) epochs", out)
+    assert float(grid[2]) in bench.GRID and int(grid[3]) == len(bench.GRID) * epochs
+    assert 1 <= int(found[4]) <= int(found[1]) * epochs
+    ratios = re.search(r"search / grid: best ([\d.]+), epochs ([\d.]+)", out)
+    assert float(ratios[1]) == pytest.approx(float(found[2]) / float(grid[1]), abs=1e-4)
+    assert float(ratios[2]) == pytest.approx(int(found[4]) / int(grid[3]), abs=0.01)
+
+
+@pytest.mark.slow
+def test_trial_overhead_times_the_same_epochs_in_process_and_under_tune(capsys, tmp_path):
+    """The benchmark end to end on the tiny preset: both runs report every epoch, and the ratio
+    is that of the two means after the first epoch (its timings are not tested)."""
+    threads = torch.get_num_threads()
+    try:
+        load("trial_overhead").main(["--preset", "tiny", "--epochs", "2",
+                                     "--workspace", str(tmp_path)])
+    finally:
+        torch.set_num_threads(threads)
+    out = capsys.readouterr().out
+    local = re.search(r"in-process epoch times \(s\): (.+)", out)[1].split(", ")
+    tuned = re.search(r"Ray Tune   epoch times \(s\): (.+)", out)[1].split(", ")
+    assert len(local) == len(tuned) == 2
+    means = re.search(r"after the first: in-process ([\d.]+) s, Ray Tune ([\d.]+) s", out)
+    assert (float(means[1]), float(means[2])) == (float(local[1]), float(tuned[1]))
+    ratio = float(re.search(r"ratio Ray Tune / in-process: ([\d.]+)", out)[1])
+    assert ratio == pytest.approx(float(tuned[1]) / float(local[1]), abs=0.01)
