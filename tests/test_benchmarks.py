@@ -411,6 +411,20 @@ def test_process_start_prints_both_ways_for_both_processes(capsys):
         assert float(ratio) == pytest.approx(float(before) / float(now), abs=0.01)
 
 
+def test_frozen_features_times_both_ways_per_size():
+    """benchmarks/frozen_features.py --smoke: one row per image size, its speed-up the ratio of
+    the two epoch times it prints (the real EfficientNet-Lite0 weights; timings not tested)."""
+    threads = torch.get_num_threads()
+    try:
+        rows = load("frozen_features").main(["--smoke", "--threads", "1"])
+    finally:
+        torch.set_num_threads(threads)
+    assert [row["size"] for row in rows] == [32]
+    for row in rows:
+        assert row["recompute"] > 0 and row["cached"] > 0 and row["build"] > 0
+        assert row["ratio"] == pytest.approx(row["recompute"] / row["cached"])
+
+
 @pytest.mark.slow
 def test_search_efficiency_sets_the_search_beside_the_papers_grid(capsys, tmp_path):
     """The benchmark end to end on the tiny preset: the paper's six etas at the full budget and
