@@ -17,8 +17,9 @@ docs/embedded-benchmark.md), so one nDCG column stands for Table 3's two; rsum (
 added. Each architecture is its own table with its own baseline, as the paper compares within an
 architecture.
 
-The ``EMBEDDED`` recipe is scaled to the embedded benchmark and about an hour on 2 CPU cores
-(see the comment above it for the measured epoch times it was sized from). ``PAPER`` holds the
+The ``EMBEDDED`` recipe is scaled to the embedded benchmark and 2 CPU cores (see the comment
+above it for the measured epoch times it was sized from); on ``shapes-4`` the whole study takes
+about 1 h 20 min on idle cores, TERN's MiniLM most of it (docs/results.md). ``PAPER`` holds the
 paper's training values for both architectures with their sources (``--recipe paper``).
 """
 
