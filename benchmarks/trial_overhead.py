@@ -70,7 +70,8 @@ def ray_epochs(flat: dict, workspace, cpus: int) -> tuple[list[float], float]:
         connection.disconnect(cluster)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> dict[str, list[float]]:
+    """Print the comparison; return both runs' epoch times (s), ``local`` and ``tuned``."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset", default="small")
     parser.add_argument("--epochs", type=int, default=3)
@@ -110,6 +111,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"Tune trial wall time incl. actor start: {wall:.1f} s (sum of epochs {sum(tuned):.1f} s)")
     print(f"mean epoch time after the first: in-process {local_mean:.2f} s, Ray Tune {tuned_mean:.2f} s")
     print(f"ratio Ray Tune / in-process: {tuned_mean / local_mean:.3f} (target <= 1.10)")
+    return {"local": local, "tuned": tuned}
 
 
 if __name__ == "__main__":
