@@ -7,7 +7,8 @@
 #   bash benchmarks/gpu_check.sh trial learnability   # there: only these parts
 #
 # Environment: TRIAL_SIZES ("recipe paper"), TRIAL_STEPS (200), TRIAL_SECONDS (150), LEARN_RUNS
-# (see learnability), LEARN_SECONDS (420, each learnability run's limit), CHECK_DEVICE (cuda),
+# (see learnability), LEARN_SECONDS (420, each learnability run's limit), GENERATE_SECONDS (200,
+# each learnability preset's generation limit; xlarge takes about 3 min), CHECK_DEVICE (cuda),
 # SCALE_IMAGES (113287).
 #
 # The GPU machines have torch, transformers, sentence-transformers, numpy, pandas, scipy,
@@ -116,7 +117,7 @@ if has scale; then
 fi
 if has learnability; then
     (for preset in $LEARN_PRESETS; do
-        timeout 200 python3 -m icr.data.synthetic --out "$D/ws/data/shapes-$preset-0" \
+        timeout "${GENERATE_SECONDS:-200}" python3 -m icr.data.synthetic --out "$D/ws/data/shapes-$preset-0" \
             --preset "$preset" --workers "$WORKERS" > "$LOGS/generate-$preset.log" 2>&1
     done) &
     generator=$!

@@ -83,9 +83,9 @@ class DataConfig:
         choices=("pixels", "regions"),
     )
     preset: str = _field("default", "embedded benchmark size (default-2048: the default with BUTD's "
-                         "2048-d region features, for GPUs; large: 4x the default's training "
-                         "images)",
-                         choices=("tiny", "small", "default", "default-2048", "large"))
+                         "2048-d region features, for GPUs; large, xlarge: 4x, 12x the default's "
+                         "training images)",
+                         choices=("tiny", "small", "default", "default-2048", "large", "xlarge"))
     seed: int = _field(0, "embedded benchmark generation seed", low=0)
     root: str = _field("", "dataset folder; '' = <workspace>/data/shapes-<preset>-<seed>")
     karpathy_json: str = _field("", "Karpathy split JSON (dataset=karpathy)", path=())

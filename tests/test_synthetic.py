@@ -436,12 +436,13 @@ def test_every_preset_is_a_config_value_and_2048_shares_the_default_images():
     assert np.array_equal(a.region_boxes, b.region_boxes)
 
 
-def test_the_large_preset_extends_the_default_training_split():
-    default, large = writer.PRESETS["default"], writer.PRESETS["large"]
-    assert large.detector == default.detector and (large.val, large.test) == (default.val, default.test)
-    plan = writer._image_plan(large)
+@pytest.mark.parametrize("name, times", [("large", 4), ("xlarge", 12)])
+def test_the_larger_presets_extend_the_default_training_split(name, times):
+    default, larger = writer.PRESETS["default"], writer.PRESETS[name]
+    assert larger.detector == default.detector and (larger.val, larger.test) == (default.val, default.test)
+    plan = writer._image_plan(larger)
     assert plan[:default.train] == writer._image_plan(default)[:default.train]
-    assert sum(split == "train" for _, split in plan) == 4 * default.train
+    assert sum(split == "train" for _, split in plan) == times * default.train
 
 
 def test_the_command_line_refuses_zero_workers(tmp_path):

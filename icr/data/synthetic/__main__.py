@@ -1,6 +1,6 @@
 """``python -m icr.data.synthetic --out DIR [--preset P] [--seed N] [--workers N]``.
 
-Presets: tiny, small, default, default-2048, large (:data:`icr.data.synthetic.writer.PRESETS`).
+Presets: tiny, small, default, default-2048, large, xlarge (:data:`icr.data.synthetic.writer.PRESETS`).
 """
 
 from __future__ import annotations
