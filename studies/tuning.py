@@ -349,14 +349,23 @@ def search(session: Session, condition: str) -> list[TrialRecord]:
 
 
 def confirm(session: Session, winners: Mapping[str, Mapping[str, Any]]) -> list[TrialRecord]:
-    """Each condition's winner (its sampled values) re-trained with the fresh seeds, tested once."""
+    """Each condition's winner (its sampled values) re-trained with the fresh seeds, tested once.
+
+    The runs are listed in the plan's condition order, then the seeds' order, whatever the order
+    of ``winners`` (state.json gives them back sorted by name): Tune keeps in a grid trial's
+    saved config only the index of its value in the grid (a placeholder, as a TrialSpec is not a
+    primitive), and a restored Tuner resolves every trial, finished ones included, against the
+    grid it is given again. Listed in another order, a resumed confirmation would train and
+    report each seed under another condition's spec.
+    """
     plan = session.plan
     if not winners or not plan.seeds:
         return []
     analyses = {"eval.analyses": ",".join(plan.analyses)} if plan.analyses else {}
-    specs = [TrialSpec.resolve(name, {**plan.condition(name).flat, "eval.test": True, **analyses},
-                               {**sampled, "train.seed": seed})
-             for name, sampled in winners.items() for seed in plan.seeds]
+    chosen = sorted((plan.condition(name) for name in winners), key=plan.conditions.index)
+    specs = [TrialSpec.resolve(c.name, {**c.flat, "eval.test": True, **analyses},
+                               {**winners[c.name], "train.seed": seed})
+             for c in chosen for seed in plan.seeds]
     job = TrialJob(plan.study.name, "confirm", str(plan.workspace.root),
                    experiment=session.experiment_path("confirm"))
     tune_config = tune.TuneConfig(num_samples=1, max_concurrent_trials=session.concurrency)

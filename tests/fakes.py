@@ -47,6 +47,7 @@ class FakeFit:
             which proves that they run concurrently.
         gate, hold_after: before training epoch ``hold_after + 1`` wait until the file
             ``<gate>/go`` exists (a test holds trials at a known point, e.g. to lose a node).
+        hold_on: ``(key, value)`` pairs; with them, only a config matching one is held.
         count_builds: with ``record_dir``, record how many configs the process built
             (:class:`ConfigBuilds`) between unpickling this fake (in a Ray worker: before the
             trial's function runs) and the call.
@@ -62,6 +63,7 @@ class FakeFit:
     barrier: int = 0
     gate: str | None = None
     hold_after: int = 0
+    hold_on: tuple[tuple[str, Any], ...] = ()
     count_builds: bool = False
     crash_dir: str | None = None
     crashes: int = 0
@@ -83,8 +85,9 @@ class FakeFit:
         if resume_from is not None:
             state = json.loads((Path(resume_from) / "state.json").read_text())
             start, history, trajectory = state["epoch"], state["history"], state["trajectory"]
-        record = self._record_start(root, start)
+        record = self._record_start(root, start, flat)
         failing = any(flat.get(k) == v for k, v in self.fail_on)
+        held = bool(self.gate) and (not self.hold_on or any(flat.get(k) == v for k, v in self.hold_on))
         logs = _logged_terms(config)
         for epoch in range(start, config.epochs):
             if failing and epoch + 1 == self.fail_epoch:
@@ -95,7 +98,7 @@ class FakeFit:
                 if len(list(crashed.iterdir())) < self.crashes:
                     (crashed / f"{os.getpid()}-{time.time_ns()}").touch()
                     os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer, or a node lost
-            while self.gate and epoch >= self.hold_after and not (Path(self.gate) / "go").exists():
+            while held and epoch >= self.hold_after and not (Path(self.gate) / "go").exists():
                 time.sleep(0.05)  # held by the test, not timed
             time.sleep(self.epoch_seconds)
             metrics, rows = self._epoch(flat, epoch, *logs)
@@ -149,7 +152,7 @@ class FakeFit:
             metrics["lambda"] = lam
         return metrics, rows
 
-    def _record_start(self, root: Path, start: int) -> Path | None:
+    def _record_start(self, root: Path, start: int, flat: dict[str, Any]) -> Path | None:
         if not self.record_dir:
             return None
         directory = Path(self.record_dir)
@@ -157,6 +160,7 @@ class FakeFit:
         path = directory / f"{os.getpid()}-{time.time_ns()}.json"
         builds = {"config_builds": ConfigBuilds.count} if self.count_builds else {}
         self._record(path, resumed_after=start, run_dir=str(root),
+                     objective=flat["objective.name"], seed=flat["train.seed"],
                      cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"), epochs_run=0,
                      **builds)
         deadline = time.monotonic() + 60

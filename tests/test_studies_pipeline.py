@@ -295,7 +295,6 @@ def test_a_tune_experiment_killed_before_its_first_save_starts_over(cluster, tmp
     assert json.loads((run_dir / "state.json").read_text())["phase"] == "done"
 
 
-
 class StepClock:
     """A clock that advances one second each time it is read: 30 readings are 30 s."""
 
@@ -405,15 +404,18 @@ sys.exit(main(sys.argv[1:], backend=Backend(fit, fake_prepare), extra_studies={{
 """
 
 
-def recorded_epochs(db: Path) -> dict[str, int]:
-    """Tune trial id -> the last epoch its MLflow run holds (read-only, as finished_trials)."""
+def recorded_epochs(db: Path, phase: str = "") -> dict[str, int]:
+    """Tune trial id -> the last epoch its MLflow run holds (read-only, as finished_trials);
+    with ``phase``, that phase's runs only."""
     if not db.exists():
         return {}
     try:
         with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
             rows = con.execute(
                 "SELECT t.value, MAX(m.step) FROM metrics m JOIN tags t ON t.run_uuid = m.run_uuid "
-                "WHERE m.key = 'epoch' AND t.key = 'tune_trial_id' GROUP BY t.value").fetchall()
+                "JOIN tags p ON p.run_uuid = m.run_uuid WHERE m.key = 'epoch' "
+                "AND t.key = 'tune_trial_id' AND p.key = 'phase' AND (? = '' OR p.value = ?) "
+                "GROUP BY t.value", (phase, phase)).fetchall()
     except sqlite3.Error:
         return {}
     return {trial: int(epoch) for trial, epoch in rows}
@@ -489,6 +491,68 @@ def test_a_trial_restored_from_a_lagging_tune_state_continues_after_its_recorded
     assert all(sorted(s) == list(range(1, len(s) + 1)) for s in runs["steps"])  # none lost
     full = runs[(runs["phase"] == "search") & (runs["budget_complete"] == "true")]
     assert all(steps == [1, 2, 3, 4] for steps in full["steps"])
+
+
+CONFIRMING_DRIVER = """
+import sys
+from pathlib import Path
+from fakes import FakeFit, fake_prepare
+from studies.pipeline import Backend
+from studies.run import main
+sys.path.insert(0, {tests!r})
+from test_studies_pipeline import fake_study
+study = fake_study(Path({tmp!r}), budget=2, conditions=("lagrangian", "contrastive"))
+fit = FakeFit(epoch_seconds=0.05, record_dir={records!r}, gate={gate!r}, hold_after=1,
+              hold_on=(("eval.test", True),))  # the confirmation's runs wait after epoch 1
+sys.exit(main(sys.argv[1:], backend=Backend(fit, fake_prepare), extra_studies={{"fake": study}}))
+"""
+
+
+@pytest.mark.slow
+def test_a_confirmation_interrupted_and_resumed_trains_each_trial_s_own_condition(
+        cluster, tmp_path: Path) -> None:
+    """Tune saves a grid trial's TrialSpec as its index in the grid and, restored, resolves it
+    against the grid it is given again; state.json gives the winners back sorted by name. With
+    the conditions out of alphabetical order, a confirmation interrupted by Ctrl-C once went on
+    training each unfinished seed under another condition's spec (in text_encoder, MiniLM's
+    checkpoints under the bi-GRU's config)."""
+    workspace, records, gate = tmp_path / "ws", tmp_path / "records", tmp_path / "gate"
+    gate.mkdir()
+    script = tmp_path / "driver.py"
+    script.write_text(CONFIRMING_DRIVER.format(tests=str(ROOT / "tests"), tmp=str(tmp_path),
+                                               records=str(records), gate=str(gate)))
+    args = ["fake", "--workspace", str(workspace), "--address", cluster.address, "--seeds", "2"]
+    driver = subprocess.Popen([sys.executable, str(script), *args], cwd=ROOT, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])})
+    try:
+        deadline = time.monotonic() + 180
+        held: dict[str, int] = {}
+        while len(held) < 2 and driver.poll() is None and time.monotonic() < deadline:
+            held = recorded_epochs(workspace / "mlflow.db", phase="confirm")
+            time.sleep(0.1)  # waits for two confirmation runs to hold after epoch 1, not for time
+        driver.send_signal(signal.SIGINT)
+        out, err = driver.communicate(timeout=180)
+    finally:
+        driver.kill()
+        driver.wait()
+    assert len(held) == 2 and driver.returncode == 130, err[-3000:]
+
+    rc = main([*args, "--resume"], backend=Backend(FakeFit(epoch_seconds=0.02, record_dir=str(records)),
+                                                   fake_prepare),
+              extra_studies={"fake": fake_study(tmp_path, budget=2, conditions=("lagrangian", "contrastive"))})
+    assert rc == 0
+    trained: dict[str, set[tuple[str, int]]] = {}
+    for call in map(json.loads, map(Path.read_text, records.glob("*.json"))):
+        trained.setdefault(trial_of(call), set()).add((call["objective"], call["seed"]))
+    confirmed = child_runs(workspace).query("phase == 'confirm'")
+    assert len(confirmed) == 4 and set(confirmed["status"]) == {"FINISHED"}
+    pairs = [(row["params"]["objective.name"], int(row["params"]["train.seed"]))
+             for _, row in confirmed.iterrows()]
+    assert sorted(pairs) == [("contrastive", 1000), ("contrastive", 1001),
+                             ("lagrangian", 1000), ("lagrangian", 1001)]
+    for (_, row), pair in zip(confirmed.iterrows(), pairs, strict=True):
+        assert trained[row["tune_trial_id"]] == {pair}, (row["tune_trial_id"], trained)
 
 
 @pytest.mark.slow  # end-to-end: make test-all and CI run it
