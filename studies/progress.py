@@ -9,7 +9,8 @@ Tune callback that feeds it is :class:`studies.tuning.ProgressCallback`).
 
 The estimate of the rest is the epochs still to train times the measured epoch time (Tune's
 ``time_this_iter_s``: training, validation and reporting), divided by the trials that run at
-once. It assumes that a running trial trains to the full budget and that a trial not yet started
+once; a running trial's epoch under way counts as done for the time since its last report (or
+its start), up to one epoch, so that the estimate falls while a long epoch trains. It assumes that a running trial trains to the full budget and that a trial not yet started
 trains as many epochs as the trials finished so far in this run did on average (the full budget
 until one has finished, and in a confirmation, where nothing stops early). ASHA decides at run
 time how far a trial goes, so during a search the estimate moves; it is an upper bound while no
@@ -93,6 +94,7 @@ class Progress:
     clock: Callable[[], float] = time.monotonic
     groups: Mapping[str, int] = field(default_factory=dict)
     started: float = field(init=False)
+    last_seen: dict[str, float] = field(default_factory=dict, init=False)  # report or start
     latest: dict[str, tuple[float, str]] = field(default_factory=dict, init=False)
     epoch_seconds: dict[str, list[float]] = field(default_factory=dict, init=False)
     finished_epochs: list[int] = field(default_factory=list, init=False)
@@ -104,6 +106,7 @@ class Progress:
                   group: str = "") -> None:
         """A reported epoch: its time, and the trial's score now (``values``: the trial's
         sampled values, shown beside the best score; ``group``: its condition)."""
+        self.last_seen[trial_id] = self.clock()
         seconds = result.get("time_this_iter_s", result.get("epoch_time_s"))
         if isinstance(seconds, int | float) and math.isfinite(seconds) and seconds > 0:
             self.epoch_seconds.setdefault(group, []).append(float(seconds))
@@ -123,6 +126,10 @@ class Progress:
             return None
         sign = 1.0 if self.mode == "max" else -1.0
         return max(self.latest.values(), key=lambda pair: sign * pair[0])
+
+    def on_start(self, trial_id: str) -> None:
+        """A trial started (or resumed): its first epoch under way is timed from now."""
+        self.last_seen[trial_id] = self.clock()
 
     def on_trial_end(self, epochs: int) -> None:
         """A trial of this run ended after ``epochs`` epochs (finished, stopped or failed)."""
@@ -163,7 +170,10 @@ class Progress:
                 return None
             times = self.epoch_seconds.get(group) if self.groups else measured
             epoch = sum(times or measured) / len(times or measured)
-            running_left += [max(0, self.max_epochs - t.epochs) * epoch for t in running]
+            now = self.clock()
+            running_left += [max(0.0, max(0, self.max_epochs - t.epochs) * epoch
+                                 - min(epoch, now - self.last_seen.get(t.trial_id, now)))
+                             for t in running]
             to_come += [length * epoch] * left
         work = sum(running_left) + sum(to_come)
         parallel = max(1, min(self.slots, len(running_left) + len(to_come)))

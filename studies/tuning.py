@@ -118,6 +118,9 @@ class ProgressCallback(tune.Callback):
         self.progress.on_result(trial.trial_id, result, self._values(trial),
                                 spec_of(trial.config).condition)
 
+    def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self.progress.on_start(trial.trial_id)
+
     def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
         if not self._seeded:  # a restored Tuner's trials come with their last results
             self._seeded = True

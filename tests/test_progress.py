@@ -40,8 +40,9 @@ def test_a_line_counts_the_trials_and_shows_the_best_with_its_values() -> None:
     assert "best val_rsum 188.2 (objective.eta=0.237)" in line
     assert "5m12s elapsed" in line
     # The rest: running trials to the full budget (2 + 3 epochs), the 5 not started at the full
-    # budget while none has finished in this run (20): 25 epochs of 60 s on 2 slots.
-    assert line.endswith(f"about {_duration(25 * 60 / 2)} left")
+    # budget while none has finished in this run (20): 25 epochs of 60 s on 2 slots, less the
+    # epoch b has trained since its report 312 s ago (at most one: 60 s).
+    assert line.endswith(f"about {_duration((25 * 60 - 60) / 2)} left")
 
 
 def test_the_estimate_uses_the_length_of_the_trials_that_ended() -> None:
@@ -55,6 +56,37 @@ def test_the_estimate_uses_the_length_of_the_trials_that_ended() -> None:
     assert progress.seconds_left([*ended, TrialView("r", RUNNING, 1)]) == pytest.approx((3 + 4) * 10.0)
     everything = [*ended, *(TrialView(t, DONE, 4) for t in "cde")]
     assert progress.seconds_left(everything) == 0.0
+
+
+def test_the_estimate_falls_while_a_long_epoch_trains() -> None:
+    """A MiniLM confirmation run: epochs of 10 min. The rest counts the time since the trial's
+    last report (or its start) as trained, up to one epoch, so it does not stand still for ten
+    minutes at a time."""
+    clock = Clock()
+    progress = Progress("confirm", expected=1, max_epochs=3, metric="val_rsum", clock=clock)
+    progress.on_start("a")
+    clock.now += 600.0
+    progress.on_result("a", {"epoch": 1, "val_rsum": 70.0, "time_this_iter_s": 600.0}, "")
+    running = [TrialView("a", RUNNING, 1)]
+    assert progress.seconds_left(running) == pytest.approx(2 * 600.0)
+    clock.now += 250.0
+    assert progress.seconds_left(running) == pytest.approx(2 * 600.0 - 250.0)
+    clock.now += 1000.0  # the epoch takes longer than the last: no less than the last epoch left
+    assert progress.seconds_left(running) == pytest.approx(600.0)
+
+
+def test_a_trial_not_yet_reported_is_timed_from_its_start() -> None:
+    clock = Clock()
+    progress = Progress("confirm", expected=2, max_epochs=3, metric="val_rsum", slots=2,
+                        clock=clock)
+    progress.on_result("a", {"epoch": 3, "val_rsum": 70.0, "time_this_iter_s": 600.0}, "")
+    progress.on_start("b")  # started, or resumed by a restored Tuner
+    clock.now += 100.0
+    trials = [TrialView("a", DONE, 3), TrialView("b", RUNNING, 0)]
+    assert progress.seconds_left(trials) == pytest.approx(3 * 600.0 - 100.0)
+    # A running trial the callback never saw start (the driver began after it): whole epochs.
+    assert progress.seconds_left([TrialView("a", DONE, 3), TrialView("c", RUNNING, 0)]) == \
+        pytest.approx(3 * 600.0)
 
 
 def test_a_confirmation_times_each_condition_by_its_own_epochs() -> None:
@@ -113,6 +145,9 @@ def test_the_callback_writes_a_line_every_interval_without_results_and_at_each_e
     a = FakeTrial("a", tune_config("lagrangian", {"objective.eta": 0.25}), "RUNNING")
     b = FakeTrial("b", tune_config("lagrangian", {"objective.eta": 0.1}), "RUNNING")
     trials = [a, b]
+    for trial in trials:
+        callback.on_trial_start(iteration=0, trials=trials, trial=trial)
+    assert progress.last_seen == {"a": clock.now, "b": clock.now}
     for _ in range(10):  # Tune's loop turns; 29 s pass: nothing yet
         clock.now += 2.9
         callback.on_step_end(iteration=0, trials=trials)
