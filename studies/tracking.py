@@ -57,6 +57,7 @@ log = logging.getLogger(__name__)
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 PARENT_TAG = "mlflow.parentRunId"
+ERROR_TAG = "error"  # a failed trial's one-line cause, on its run
 MAX_PARAM_CHARS = 500  # MLflow's limit on a param value
 RECORD_KEYS = {"trajectory", "artifacts", "final"}  # the EpochReport fields beside its metrics
 # The tag MLflow 3's UI reads to choose an experiment's page (its JS bundle: "Machine learning"
@@ -247,13 +248,18 @@ class Tracker:
         self, parent_id: str, trial_id: str, name: str, tags: Mapping[str, str],
         params: Mapping[str, Any],
     ) -> str:
-        """The child run of Tune trial ``trial_id``: found (after a resume) or created."""
+        """The child run of Tune trial ``trial_id``: found (after a resume) or created. A run
+        found again is running again: the ``error`` tag of an earlier failure is removed (a
+        trial continued after it failed and then finished has no error; one that fails again
+        gets its new one)."""
         found = self.find_runs(
             f"tags.`{PARENT_TAG}` = '{parent_id}' and tags.tune_trial_id = '{trial_id}'"
         )
         if found:
             run_id = found[0].info.run_id
             self.client.update_run(run_id, status="RUNNING")
+            if ERROR_TAG in found[0].data.tags:
+                self.client.delete_tag(run_id, ERROR_TAG)
             return run_id
         tags = {**tags, PARENT_TAG: parent_id, "tune_trial_id": trial_id}
         return self.create_run(name, tags, params)
@@ -519,6 +525,6 @@ class MlflowTrialCallback(Callback):
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         run_id = self.run_id(trial)
         epochs = int((trial.last_result or {}).get("epoch", 0))
-        self.tracker.set_tags(run_id, {"error": error_line(trial_error(trial)), "epochs": epochs,
+        self.tracker.set_tags(run_id, {ERROR_TAG: error_line(trial_error(trial)), "epochs": epochs,
                                        "budget_complete": "false", "stopped_early": "false"})
         self.tracker.finish(run_id, "FAILED")

@@ -24,6 +24,7 @@ from icr.config import ExperimentConfig
 from icr.errors import UserError
 from studies.frameworks import mlflow as mlflow_adapter
 from studies.tracking import (
+    ERROR_TAG,
     EXPERIMENT_KIND,
     EXPERIMENT_KIND_TAG,
     MlflowTrialCallback,
@@ -231,6 +232,19 @@ def test_mlflow_internals_are_reached_only_in_the_adapter():
              for number, line in enumerate(path.read_text().splitlines(), 1)
              if pattern.search(line)]
     assert found == []
+
+
+def test_a_failed_run_continued_loses_its_error_tag(tracker):
+    """text_encoder on shapes-4: two confirmation runs failed, were continued by the next
+    command and finished, and their runs still named the old failure in trials.csv."""
+    parent = tracker.create_run("study", {"icr.role": "study"})
+    run = tracker.child_run(parent, "t0", "bert seed=1000", {"icr.role": "trial"}, {})
+    tracker.set_tags(run, {ERROR_TAG: "ConfigError: resume was written with another config"})
+    tracker.finish(run, "FAILED")
+    assert tracker.child_run(parent, "t0", "bert seed=1000", {"icr.role": "trial"}, {}) == run
+    found = tracker.client.get_run(run)
+    assert found.info.status == "RUNNING" and ERROR_TAG not in found.data.tags
+    assert tracker.child_run(parent, "t0", "bert seed=1000", {}, {}) == run  # no tag: nothing to remove
 
 
 # --- the same trial recorded on a local store and on an MLflow server -------------------------
