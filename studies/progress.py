@@ -10,9 +10,10 @@ Tune callback that feeds it is :class:`studies.tuning.ProgressCallback`).
 The estimate of the rest is the epochs still to train times the measured epoch time (Tune's
 ``time_this_iter_s``: training, validation and reporting), divided by the trials that run at
 once; a running trial's epoch under way counts as done for the time since its last report (or
-its start), up to one epoch, so that the estimate falls while a long epoch trains. It assumes that a running trial trains to the full budget and that a trial not yet started
-trains as many epochs as the trials finished so far in this run did on average (the full budget
-until one has finished, and in a confirmation, where nothing stops early). ASHA decides at run
+its start), up to one epoch, so that the estimate falls while a long epoch trains. It assumes
+that a running trial trains to the full budget and that a trial not yet started trains as many
+epochs as the trials finished so far in this run did on average (the full budget until one has
+finished, and in a confirmation, where nothing stops early). ASHA decides at run
 time how far a trial goes, so during a search the estimate moves; it is an upper bound while no
 trial has finished.
 

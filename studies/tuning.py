@@ -357,9 +357,9 @@ def confirm(session: Session, winners: Mapping[str, Mapping[str, Any]]) -> list[
     The runs are listed in the plan's condition order, then the seeds' order, whatever the order
     of ``winners`` (state.json gives them back sorted by name): Tune keeps in a grid trial's
     saved config only the index of its value in the grid (a placeholder, as a TrialSpec is not a
-    primitive), and a restored Tuner resolves every trial, finished ones included, against the
-    grid it is given again. Listed in another order, a resumed confirmation would train and
-    report each seed under another condition's spec.
+    primitive), and a restored Tuner resolves every trial against the grid it is given again.
+    Listed in another order, a resumed confirmation would continue each unfinished seed under
+    another condition's spec.
     """
     plan = session.plan
     if not winners or not plan.seeds:
