@@ -161,6 +161,7 @@ class Progress:
                   if self.finished_epochs else self.max_epochs)
         to_come: list[float] = []  # the seconds of each trial not started
         running_left: list[float] = []  # the seconds each running trial has left
+        now = self.clock()
         for group, planned in (self.groups or {"": self.expected}).items():
             own = [t for t in trials if not self.groups or t.group == group]
             running = [t for t in own if t.state == RUNNING]
@@ -171,7 +172,6 @@ class Progress:
                 return None
             times = self.epoch_seconds.get(group) if self.groups else measured
             epoch = sum(times or measured) / len(times or measured)
-            now = self.clock()
             running_left += [max(0.0, max(0, self.max_epochs - t.epochs) * epoch
                                  - min(epoch, now - self.last_seen.get(t.trial_id, now)))
                              for t in running]
