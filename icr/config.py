@@ -272,6 +272,8 @@ class TrainConfig:
                             choices=("auto", "bfloat16", "float16"))
     deterministic: bool = _field(True, "CUDA: deterministic kernels, cuDNN autotuner off (same "
                                  "numbers on a rerun); false: cudnn.benchmark on (faster)")
+    cuda_graphs: bool = _field(True, "CUDA: capture each training step as a CUDA graph (captions "
+                               "padded to a few lengths); false: eager steps at exact shapes")
     device: str = _field("auto", "auto, cpu, cuda or cuda:N")
     trajectory_every: int = _field(10, "log lambda / L_rec / L_con every this many steps", low=1)
     max_steps_per_epoch: int = _field(0, "cut epochs short (debugging); 0 = full epochs", low=0)

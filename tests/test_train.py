@@ -72,11 +72,13 @@ def test_optimisers_step_and_their_state_loads_without_unpickling(name, tmp_path
         build_optimizer("sgd", layer.parameters(), lr=0.1, weight_decay=0.0)
 
 
-def test_adamp_updates_as_its_authors_package_does_without_host_syncs():
+@pytest.mark.parametrize("capturable", [False, True])
+def test_adamp_updates_as_its_authors_package_does_without_host_syncs(capturable):
     """icr.train.adamp chooses AdamP's projection on the device; the package (adamp 0.3.0)
     decides on the host. Equal parameters over steps in which each branch is taken: the
     channel-wise projection (a gradient orthogonal to every output channel), the layer-wise one
-    (one channel aligned, the layer as a whole nearly orthogonal) and none."""
+    (one channel aligned, the layer as a whole nearly orthogonal) and none. ``capturable``: the
+    step counts on the device and the learning rate a tensor, as a CUDA graph replays them."""
     import adamp
 
     from icr.train.adamp import AdamP
@@ -87,8 +89,9 @@ def test_adamp_updates_as_its_authors_package_does_without_host_syncs():
                 for shape in [(6, 5), (4, 3, 2), (7,), (64, 8)]]
 
     ours, theirs = params(), params()
-    opts = [AdamP(ours, lr=0.01, weight_decay=0.1), adamp.AdamP(theirs, lr=0.01,
-                                                                weight_decay=0.1)]
+    lr = torch.tensor(0.01) if capturable else 0.01
+    opts = [AdamP(ours, lr=lr, weight_decay=0.1, capturable=capturable),
+            adamp.AdamP(theirs, lr=0.01, weight_decay=0.1)]
     g = torch.Generator().manual_seed(2)
     for step in range(12):
         for mine, other in zip(ours, theirs, strict=True):
@@ -106,6 +109,7 @@ def test_adamp_updates_as_its_authors_package_does_without_host_syncs():
     for mine, other in zip(ours, theirs, strict=True):
         torch.testing.assert_close(mine.detach(), other.detach(), atol=1e-6, rtol=1e-6)
     assert opts[0].state_dict()["state"][0].keys() == opts[1].state_dict()["state"][0].keys()
+    assert isinstance(opts[0].state[ours[0]]["step"], torch.Tensor) == capturable
 
 
 def test_swa_snapshots_span_the_last_tenth():

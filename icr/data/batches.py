@@ -18,6 +18,11 @@ dataset index of each pair's image), ``tokens`` ``(B, T)`` and ``lengths`` ``(B,
 caption ids; lengths on the CPU, where packed RNNs read them), ``clean_tokens`` and
 ``clean_lengths`` (the vocabulary ids the ITD decoder reconstructs), and ``targets``
 ``(B, D_target)`` when latent targets are given.
+
+With ``static_shapes`` (the batches of a step captured as a CUDA graph, :mod:`icr.train.graphs`)
+the captions are padded to the next of a few lengths (:func:`padded_length`: 8, 16, 24, 32, 48,
+64, 96, ...) instead of the batch's longest, and both length vectors are on the device, so an
+epoch of pair batches has a handful of shapes and nothing a step reads lives on the host.
 """
 
 from __future__ import annotations
@@ -36,11 +41,20 @@ from icr.data.images import ImageStore, PixelNorm, encoder_input, erase, erasing
 from icr.data.sampler import build_batch_sampler
 from icr.seeding import derive_seed
 
-__all__ = ["Batch", "TrainingBatches"]
+__all__ = ["Batch", "TrainingBatches", "padded_length"]
 
 Batch = dict[str, Tensor]
 _STREAM = 4  # derive_seed stream of augmentation (3: batch sampling, see icr.data.sampler)
 PREFETCH_DEPTH = 3  # host batches gathered ahead of the step that reads them
+# the lengths static-shape batches pad their captions to: fine steps where captions are (COCO's
+# average 10.5 words, at most about 50), then steps of a half and a third
+PADDED_LENGTHS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+
+
+def padded_length(longest: int, width: int) -> int:
+    """The length a static-shape batch whose longest caption has ``longest`` tokens is padded to:
+    the first of :data:`PADDED_LENGTHS` that holds it, at most ``width`` (the table's)."""
+    return min(next((n for n in PADDED_LENGTHS if n >= longest), longest), width)
 
 
 @dataclass(frozen=True)
@@ -54,6 +68,7 @@ class _Epoch:
     images_cpu: Tensor  # (n,) CPU copy, for host stores
     tokens: Tensor  # (n, T) augmented ids
     lengths: Tensor  # (n,) CPU
+    lengths_device: Tensor | None  # (n,) on the device (static shapes)
     erasing: Tensor | None  # (n, 4) random-erasing boxes of pixel images
 
 
@@ -73,6 +88,8 @@ class TrainingBatches:
         normalize: the image encoder's pixel normalisation.
         device: the training device.
         prefetch: gather host rows in a thread (default: on CUDA when a store is on the host).
+        static_shapes: captions padded to :func:`padded_length`, lengths on the device (module
+            docstring).
     """
 
     def __init__(
@@ -80,7 +97,7 @@ class TrainingBatches:
         clean: CaptionTable, targets: Tensor | np.ndarray | None, sampler: str,
         batch_size: int, epoch_unit: str, seed: int, unk_prob: float, delete_prob: float,
         random_erasing: float, normalize: PixelNorm, device: torch.device,
-        prefetch: bool | None = None,
+        prefetch: bool | None = None, static_shapes: bool = False,
     ) -> None:
         self.store, self.device, self.seed = images, device, seed
         self.captions, self.unk_prob, self.delete_prob = captions, unk_prob, delete_prob
@@ -89,9 +106,13 @@ class TrainingBatches:
         self.caption_image = torch.as_tensor(np.asarray(caption_image, dtype=np.int64))
         self.caption_image_device = self.caption_image.to(device)
         clean_tokens, self.clean_lengths = clean.clean()  # (C, T), (C,) CPU
+        if static_shapes:
+            clean_tokens = _pad_columns(clean_tokens)
         self.clean_tokens = clean_tokens.to(device)
         self.targets = targets
         self.erasing = random_erasing if images.images.pixels else 0.0
+        self.static_shapes = static_shapes
+        self.clean_lengths_device = self.clean_lengths.to(device) if static_shapes else None
         self.normalize = normalize
         host_targets = isinstance(targets, np.ndarray)
         self.prefetch = (device.type == "cuda" and (not images.resident or host_targets)
@@ -107,6 +128,8 @@ class TrainingBatches:
         generator = torch.Generator().manual_seed(derive_seed(self.seed, epoch, _STREAM))
         table = self.captions.rows(captions)
         tokens, lengths = table.augmented(generator, self.unk_prob, self.delete_prob)  # (n, T)
+        if self.static_shapes:
+            tokens = _pad_columns(tokens)
         erasing = None
         if self.erasing > 0:
             height, width = self.store.images.item_shape[-2:]
@@ -114,7 +137,8 @@ class TrainingBatches:
         to = self._to_device
         images_cpu = self.caption_image[captions]  # (n,)
         return _Epoch(bounds, to(captions), captions, to(images_cpu), images_cpu, to(tokens),
-                      lengths, None if erasing is None else to(erasing))
+                      lengths, to(lengths) if self.static_shapes else None,
+                      None if erasing is None else to(erasing))
 
     def _to_device(self, x: Tensor) -> Tensor:
         if self.device.type == "cuda":
@@ -165,13 +189,18 @@ class TrainingBatches:
         if plan.erasing is not None:
             images = erase(images, plan.erasing[start:stop])
         clean_lengths = self.clean_lengths.index_select(0, plan.captions_cpu[start:stop])
+        width, clean_width = int(lengths.max()), int(clean_lengths.max())
+        if self.static_shapes:  # padded further: the tables are wide enough (see _plan, __init__)
+            width = padded_length(width, plan.tokens.shape[1])
+            clean_width = padded_length(clean_width, self.clean_tokens.shape[1])  # the device copies (lengths_device is set with static shapes)
+            lengths = plan.lengths_device[start:stop]
+            clean_lengths = self.clean_lengths_device.index_select(0, captions)
         batch = {
             "images": images,  # (B, ...)
             "image_index": image_index,
-            "tokens": plan.tokens[start:stop, : int(lengths.max())],  # (B, T)
+            "tokens": plan.tokens[start:stop, :width],  # (B, T)
             "lengths": lengths,
-            "clean_tokens": self.clean_tokens.index_select(0, captions)[:, : int(
-                clean_lengths.max())],  # (B, T')
+            "clean_tokens": self.clean_tokens.index_select(0, captions)[:, :clean_width],  # (B, T')
             "clean_lengths": clean_lengths,
         }
         if "targets" in host:
@@ -179,6 +208,15 @@ class TrainingBatches:
         elif self.targets is not None:
             batch["targets"] = self.targets.index_select(0, captions)  # (B, D_target)
         return batch
+
+
+def _pad_columns(tokens: Tensor) -> Tensor:
+    """``tokens`` right-padded with 0 to :func:`padded_length` of its width, so that every batch
+    of it can be padded to the padded length of its longest caption.
+
+    Shapes: ``(n, T)`` -> ``(n, padded_length(T))``."""
+    width = tokens.shape[1]
+    return torch.nn.functional.pad(tokens, (0, padded_length(width, 2**31) - width))
 
 
 class _Prefetch:

@@ -24,9 +24,9 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from icr.errors import ConfigError
+from icr.models.recurrent import StaticShapes, run_gru
 from icr.registry import Registry
 
 __all__ = [
@@ -134,13 +134,13 @@ def positional_encoding(length: int, dim: int, device: torch.device | None = Non
     return pe
 
 
-class GPO(nn.Module):
+class GPO(nn.Module, StaticShapes):
     """Generalized pooling operator: a learned weighting of the per-dimension sorted features.
 
     The real tokens' values are sorted per dimension, descending, so position k holds each
     dimension's k-th largest value. The weight of position k comes from a one-layer BiGRU run over
-    the sinusoidal encodings of positions ``0 .. n-1`` (a packed sequence, so the GRU also knows n,
-    the number of real tokens), its two directions averaged, a linear score without bias and a
+    the sinusoidal encodings of positions ``0 .. n-1`` only (so the GRU also knows n, the number
+    of real tokens; packed or at a static shape, :mod:`icr.models.recurrent`), its two directions averaged, a linear score without bias and a
     softmax over the n real positions with temperature 0.1. Max pooling, mean pooling and K-max
     pooling are special cases of the weights.
 
@@ -189,12 +189,11 @@ class GPO(nn.Module):
 
         Shapes: returns ``(length, length)``, row ``n - 1`` zero beyond position ``n - 1``.
         """
-        sizes = torch.arange(length, 0, -1)  # (T,) on the host: T, T - 1, ..., 1
+        # T, T - 1, ..., 1: on the host for a packed run, on the device for a static one
+        sizes = torch.arange(length, 0, -1, device=device if self.static_shapes else None)  # (T,)
         pe = positional_encoding(length, self.pe_dim, device)  # (T, P)
         pe = pe.expand(length, length, self.pe_dim)  # (T, T, P)
-        packed = pack_padded_sequence(pe, sizes, batch_first=True)
-        out, _ = self.gru(packed)
-        out, _ = pad_packed_sequence(out, batch_first=True, total_length=length)  # (T, T, 2H)
+        out, _ = run_gru(self.gru, pe, sizes, static=self.static_shapes)  # (T, T, 2H)
         forward_dir, backward_dir = out.chunk(2, dim=-1)  # (T, T, H) each
         scores = self.score((forward_dir + backward_dir) / 2).squeeze(-1)  # (T, T)
         mask = torch.arange(length, device=device)[None, :] < sizes.to(device)[:, None]

@@ -6,10 +6,10 @@ import logging
 
 import torch
 from torch import Tensor, nn
-from torch.nn.utils.rnn import pack_padded_sequence
 
 from icr.config import TextConfig
 from icr.errors import ConfigError
+from icr.models.recurrent import StaticShapes, run_gru
 from icr.registry import Registry
 
 logger = logging.getLogger(__name__)
@@ -23,12 +23,14 @@ TEXT_ENCODERS: Registry = Registry("caption encoder", section=TextConfig, packag
 _MERGES = ("concat", "mean")
 
 
-class GRUCaptionEncoder(nn.Module):
-    """Word embeddings and a packed (bi-)GRU; the caption vector is the GRU's final hidden state.
+class GRUCaptionEncoder(nn.Module, StaticShapes):
+    """Word embeddings and a (bi-)GRU; the caption vector is the GRU's final hidden state.
 
-    The summary is the last layer's ``h_n`` of a GRU run over a packed sequence, so padding is never
-    read: the forward direction's state after the last valid token and the backward direction's
-    state after reading back to the first token. The two are concatenated (``merge="concat"``,
+    The summary is the last layer's ``h_n`` of a GRU run over the real tokens only, so padding is
+    never read: the forward direction's state after the last valid token and the backward
+    direction's state after reading back to the first token. The GRU runs over a packed sequence,
+    or at the batch's static shape with the lengths on the device
+    (:mod:`icr.models.recurrent`): the same states. The two are concatenated (``merge="concat"``,
     ``output_dim = 2 * hidden_dim``, the 1024-d caption feature of the PCME / LTD baseline) or
     averaged (``merge="mean"``, ``output_dim = hidden_dim``, as in VSE-infinity).
 
@@ -92,10 +94,8 @@ class GRUCaptionEncoder(nn.Module):
     def forward(self, tokens: Tensor, lengths: Tensor) -> Tensor:
         batch = tokens.shape[0]
         emb = self.dropout(self.embed(tokens))  # (B, T, E)
-        packed = pack_padded_sequence(emb, lengths.cpu(), batch_first=True, enforce_sorted=False)
-        _, h_n = self.gru(packed)  # (L * dirs, B, H), back in input order
-        h_n = h_n.view(self.num_layers, self.num_directions, batch, self.hidden_dim)
-        final = h_n[-1]  # (dirs, B, H): forward after the last token, backward after the first
+        # (dirs, B, H): forward after the last token, backward after the first
+        _, final = run_gru(self.gru, emb, lengths, static=self.static_shapes)
         if self.merge == "mean":
             return final.mean(dim=0)  # (B, H)
         return final.transpose(0, 1).reshape(batch, -1)  # (B, dirs * H)

@@ -26,11 +26,11 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from icr.errors import ConfigError
 from icr.models.image import IMAGE_ENCODERS, maybe_load_weights
 from icr.models.pooling import POOLINGS
+from icr.models.recurrent import run_gru
 from icr.models.text import TEXT_ENCODERS, GRUCaptionEncoder
 
 try:  # the bundled all-MiniLM-L6-v2; a config naming its own text.bert_path runs without it
@@ -66,20 +66,6 @@ def length_mask(lengths: Tensor, length: int) -> Tensor:
     """
     positions = torch.arange(length, device=lengths.device)  # (T,)
     return positions[None, :] < lengths[:, None]  # (B, T)
-
-
-def unpack(packed: PackedSequence, total_length: int) -> Tensor:
-    """``pad_packed_sequence(packed, batch_first=True)``, padded to ``total_length``, without
-    its host read of the batch order: torch reorders the lengths it returns with the order moved
-    to the CPU, which waits for the GPU at every call. The order is applied on the device.
-
-    Shapes: returns ``(B, total_length, *packed.data.shape[1:])``, in the original batch order.
-    """
-    sorted_out, _ = pad_packed_sequence(PackedSequence(packed.data, packed.batch_sizes),
-                                        batch_first=True, total_length=total_length)
-    if packed.unsorted_indices is None:
-        return sorted_out
-    return sorted_out.index_select(0, packed.unsorted_indices)
 
 
 # --------------------------------------------------------------------------- regions
@@ -141,11 +127,11 @@ class RegionTokenEncoder(nn.Module):
 
 
 class GRUTokenEncoder(GRUCaptionEncoder):
-    """Word embeddings and a packed (bi-)GRU; one token per word, the directions averaged.
+    """Word embeddings and a (bi-)GRU; one token per word, the directions averaged.
 
     The token of word t is ``(h_fwd_t + h_bwd_t) / 2``: the forward state after reading words
-    ``1..t`` and the backward state after reading words ``n..t`` (the GRU runs over a packed
-    sequence, so padding is never read), as in VSE-infinity and VSE+2AD's BiGRU (300 -> 1024,
+    ``1..t`` and the backward state after reading words ``n..t`` (the GRU reads the real tokens
+    only, packed or at a static shape: :mod:`icr.models.recurrent`), as in VSE-infinity and VSE+2AD's BiGRU (300 -> 1024,
     averaged directions). Unidirectional: the forward state. The embeddings (GloVe-initialised via
     ``pretrained_embeddings``), their freezing and the argument checks are those of
     :class:`~icr.models.text.GRUCaptionEncoder`.
@@ -187,9 +173,7 @@ class GRUTokenEncoder(GRUCaptionEncoder):
     def forward(self, tokens: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
         length = tokens.shape[1]
         emb = self.dropout(self.embed(tokens))  # (B, T, E)
-        packed = pack_padded_sequence(emb, lengths.cpu(), batch_first=True, enforce_sorted=False)
-        out, _ = self.gru(packed)
-        out = unpack(out, length)  # (B, T, dirs*H)
+        out, _ = run_gru(self.gru, emb, lengths, static=self.static_shapes)  # (B, T, dirs*H)
         per_direction = out.view(*out.shape[:2], self.num_directions, self.hidden_dim)
         features = per_direction.mean(dim=2)  # (B, T, H)
         return features, length_mask(lengths.to(tokens.device), length)

@@ -14,6 +14,10 @@ The update of a parameter ``p`` with gradient ``g`` (Algorithm 2 of the paper): 
 channel-wise projection of ``perturb`` off ``p`` and weight decay scaled by ``wd_ratio``;
 otherwise the same test and projection over the whole weight as one vector; then
 ``p <- p (1 - lr wd wd_ratio) - lr / (1 - beta1^t) perturb``.
+
+``capturable=True`` keeps each parameter's step count on its device and accepts a learning rate
+given as a device tensor, so a step can be captured as a CUDA graph and replayed with the
+schedule's current rate (:mod:`icr.train.graphs`), as torch's ``capturable`` optimisers do.
 """
 
 from __future__ import annotations
@@ -33,10 +37,10 @@ class AdamP(torch.optim.Optimizer):
     def __init__(
         self, params: Iterable[Any], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8, weight_decay: float = 0.0, delta: float = 0.1, wd_ratio: float = 0.1,
-        nesterov: bool = False,
+        nesterov: bool = False, capturable: bool = False,
     ) -> None:
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, delta=delta,
-                        wd_ratio=wd_ratio, nesterov=nesterov)
+                        wd_ratio=wd_ratio, nesterov=nesterov, capturable=capturable)
         super().__init__(params, defaults)
 
     @torch.no_grad()
@@ -55,14 +59,18 @@ class AdamP(torch.optim.Optimizer):
         grad, state = p.grad, self.state[p]
         beta1, beta2 = group["betas"]
         if not state:
-            state["step"] = 0
+            capturable = group.get("capturable", False)
+            state["step"] = torch.zeros((), device=p.device) if capturable else 0
             state["exp_avg"] = torch.zeros_like(p)
             state["exp_avg_sq"] = torch.zeros_like(p)
-        state["step"] += 1
+        state["step"] += 1  # in place for a tensor count
+        step, lr = state["step"], group["lr"]
         exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
         exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
         exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-        denom = (exp_avg_sq.sqrt() / math.sqrt(1 - beta2 ** state["step"])).add_(group["eps"])
+        bias2 = 1 - beta2**step
+        bias2_sqrt = bias2.sqrt() if isinstance(bias2, Tensor) else math.sqrt(bias2)
+        denom = (exp_avg_sq.sqrt() / bias2_sqrt).add_(group["eps"])
         if group["nesterov"]:
             perturb = (beta1 * exp_avg + (1 - beta1) * grad) / denom
         else:
@@ -72,8 +80,12 @@ class AdamP(torch.optim.Optimizer):
             perturb, wd = _project(p, grad, perturb, group["delta"], group["wd_ratio"],
                                    group["eps"])
         if group["weight_decay"] > 0:
-            p.mul_(1 - group["lr"] * group["weight_decay"] * wd)
-        p.add_(perturb, alpha=-group["lr"] / (1 - beta1 ** state["step"]))
+            p.mul_(1 - lr * group["weight_decay"] * wd)
+        scale = lr / (1 - beta1**step)
+        if isinstance(scale, Tensor):  # a device count or rate: no host read
+            p.sub_(perturb * scale)
+        else:
+            p.add_(perturb, alpha=-scale)
 
 
 def _project(p: Tensor, grad: Tensor, perturb: Tensor, delta: float, wd_ratio: float, eps: float

@@ -59,10 +59,12 @@ class Precision:
     def enabled(self) -> bool:
         return self.dtype is not None
 
-    def autocast(self) -> contextlib.AbstractContextManager:
+    def autocast(self, cache: bool = True) -> contextlib.AbstractContextManager:
+        """The autocast context; ``cache=False`` for a step captured as a CUDA graph (the weight
+        casts autocast caches would outlive the capture)."""
         if self.dtype is None:
             return contextlib.nullcontext()
-        return torch.autocast("cuda", dtype=self.dtype)
+        return torch.autocast("cuda", dtype=self.dtype, cache_enabled=cache)
 
     @property
     def scales_loss(self) -> bool:

@@ -29,16 +29,40 @@ SCHEDULES = ("cosine", "step")
 
 
 def build_optimizer(name: str, params: Iterable[Any], lr: float, weight_decay: float,
-                    device: torch.device | None = None) -> torch.optim.Optimizer:
+                    device: torch.device | None = None, capturable: bool = False
+                    ) -> torch.optim.Optimizer:
     """``adam`` / ``adamw`` (torch; fused kernels on CUDA) or ``adamp`` (:mod:`icr.train.adamp`,
-    the update of its authors' package without a host sync per parameter)."""
-    if name == "adamp":
-        return AdamP(params, lr=lr, weight_decay=weight_decay)
-    if name not in ("adam", "adamw"):
+    the update of its authors' package without a host sync per parameter).
+
+    ``capturable``: the step can be captured as a CUDA graph (:mod:`icr.train.graphs`): step
+    counts on the device, and every group's learning rate a tensor on ``device`` that the
+    schedule fills in place, so a replay reads the current rate.
+    """
+    if name not in OPTIMIZERS:
         raise ConfigError(f"optim.name={name!r} is unknown; valid: {', '.join(OPTIMIZERS)}")
+    groups = list(params)
+    if capturable:
+        if groups and not isinstance(groups[0], dict):
+            groups = [{"params": groups}]
+        groups = [{**g, "lr": torch.tensor(float(g.get("lr", lr)), device=device)} for g in groups]
+    if name == "adamp":
+        return AdamP(groups, lr=lr, weight_decay=weight_decay, capturable=capturable)
     cls = torch.optim.Adam if name == "adam" else torch.optim.AdamW
     fused = device is not None and device.type == "cuda"
-    return cls(params, lr=lr, weight_decay=weight_decay, fused=fused or None)
+    return cls(groups, lr=lr, weight_decay=weight_decay, fused=fused or None,
+               capturable=capturable)
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """``optimizer.load_state_dict(state)``, keeping each group's learning-rate tensor (of a
+    ``capturable`` optimiser) where it is, its value the saved one: a captured step reads that
+    tensor's memory, and a checkpoint loaded on the CPU would replace it with a host tensor."""
+    kept = [group["lr"] for group in optimizer.param_groups]
+    optimizer.load_state_dict(state)
+    for group, lr in zip(optimizer.param_groups, kept, strict=True):
+        if isinstance(lr, torch.Tensor):
+            lr.copy_(torch.as_tensor(group["lr"]))
+            group["lr"] = lr
 
 
 def schedule_factor(

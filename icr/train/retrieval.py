@@ -10,7 +10,9 @@ The recipe (LTD paper Section 4.3, docs/reference-code.md section 1; :mod:`icr.t
   in at the end of the epoch, then the BatchNorm statistics are recomputed (``update_bn``);
 - AMP on CUDA only (:mod:`icr.train.device`); caption augmentation and random erasing;
 - batches as slices of an epoch planned at once, the data on the device when it fits
-  (:mod:`icr.data.batches`); no host synchronisation inside a step (:mod:`icr.train.step_log`).
+  (:mod:`icr.data.batches`); no host synchronisation inside a step (:mod:`icr.train.step_log`);
+- on CUDA each step replayed as a CUDA graph (``train.cuda_graphs``, :mod:`icr.train.graphs`):
+  static-shape batches and model paths, a capturable optimiser, the learning rate a device tensor.
 
 Determinism: every source of randomness of an epoch is seeded from ``(train.seed, epoch)``; the
 state holds the model, the optimiser, the schedule and the objective (the multiplier), so a resumed
@@ -55,11 +57,18 @@ from icr.errors import ConfigError
 from icr.losses import ContrastiveLoss, loss_from_config, warmup_from_config
 from icr.losses.contrastive import LOSSES, split_output
 from icr.models.build import build_decoder, build_dual_encoder, check_inputs
-from icr.objectives import Objective, build_objective
+from icr.models.recurrent import use_static_shapes
+from icr.objectives import Objective, ObjectiveOutput, build_objective
 from icr.seeding import derive_seed, seed_everything
 from icr.train.device import Precision
 from icr.train.evaluation import embed_split, evaluate_split
-from icr.train.recipe import build_optimizer, schedule_factor, swa_snapshot_steps
+from icr.train.graphs import GraphedStep
+from icr.train.recipe import (
+    build_optimizer,
+    load_optimizer_state,
+    schedule_factor,
+    swa_snapshot_steps,
+)
 from icr.train.step_log import StepLog
 from icr.train.tasks import TASKS, Prepared
 from icr.train.timing import StepTimer
@@ -88,9 +97,14 @@ class RetrievalTask:
 
     def __init__(
         self, config: ExperimentConfig, data: PreparedData, device: torch.device,
-        cache: Path | None = None,
+        cache: Path | None = None, static_shapes: bool | None = None,
     ) -> None:
+        """``static_shapes``: static-shape batches and model paths (default: when the steps are
+        captured as CUDA graphs, :func:`captures_steps`; a CPU test asks for them)."""
         self.config, self.device, self.cache = config, device, cache
+        self.precision = Precision.of(config.train.amp, device, config.train.amp_dtype)
+        self.graphs = captures_steps(config, device, self.precision)
+        self.static_shapes = self.graphs if static_shapes is None else static_shapes
         self.prepared = data  # as prepared (pixels), before any cached backbone features
         self.epochs = config.epochs
         images = data.images["train"]
@@ -105,6 +119,7 @@ class RetrievalTask:
         if decoder is not None:
             self.net["decoder"] = decoder
         self.net.to(device)
+        use_static_shapes(self.net, self.static_shapes)
         self.loss_fn = loss_from_config(config.loss)
         self.warmup_loss_fn = warmup_from_config(config.loss)  # None: no warm-up epochs
         self.objective: Objective = build_objective(config.objective).to(device)
@@ -124,8 +139,9 @@ class RetrievalTask:
             gamma=o.step_gamma,
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
-        self.precision = Precision.of(config.train.amp, device, config.train.amp_dtype)
         self.scaler = self.precision.scaler()
+        self.step_runner = GraphedStep(self._step, enabled=self.graphs)
+        self._loss_fn = self.loss_fn  # the epoch's L_con (train_step sets it)
         self.global_step = 0
         self._rows: list[dict[str, float]] = []
         self.cocos = live_cocos(config) if config.train.live_cocos else None
@@ -165,6 +181,7 @@ class RetrievalTask:
             targets=targets, sampler=t.sampler, batch_size=t.batch_size, epoch_unit=t.epoch_unit,
             seed=t.seed, unk_prob=c.text.unk_prob, delete_prob=c.text.delete_prob,
             random_erasing=c.image.random_erasing, normalize=data.pixels, device=self.device,
+            static_shapes=self.static_shapes,
         )
 
     def _build_optimizer(self) -> torch.optim.Optimizer:
@@ -178,7 +195,7 @@ class RetrievalTask:
         special = {id(p) for g in groups for p in g["params"]}
         rest = [p for p in self.net.parameters() if id(p) not in special]
         return build_optimizer(o.name, [{"params": rest}, *groups], o.lr, o.weight_decay,
-                               self.device)
+                               self.device, capturable=self.graphs)
 
     def _use_cached_features(self, data: PreparedData, cache: Path) -> PreparedData:
         """A CNN frozen for the whole run on un-augmented images gives every epoch the same
@@ -252,18 +269,37 @@ class RetrievalTask:
         return self.loss_fn
 
     def train_step(self, batch: Batch, epoch: int, step: int) -> StepOutput:
-        """One optimiser step on ``batch``; nothing in it waits for the device."""
-        dev = self.device
-        images = batch["images"].to(dev, non_blocking=True)
-        tokens, lengths = batch["tokens"].to(dev, non_blocking=True), batch["lengths"]
-        image_index = batch["image_index"].to(dev, non_blocking=True)
-        with self.precision.autocast():
-            img, cap = self.encoder(images, tokens, lengths)  # (B, D), (B, D)
+        """One optimiser step on ``batch``; nothing in it waits for the device. On CUDA the
+        step is a replay of a CUDA graph (:mod:`icr.train.graphs`); the learning rate moves
+        after it, on the host's schedule, into the tensor the next replay reads."""
+        self._loss_fn = self.loss_for_epoch(epoch)
+        # what the step computes besides its inputs: the frozen backbone, the loss's form
+        key = (self.in_warmup(epoch), self._loss_fn is self.warmup_loss_fn)
+        out = self.step_runner(key, self.step_inputs(batch))
+        self.scheduler.step()
+        self.global_step += 1
+        terms = {name[len(_TERM):]: v for name, v in out.items() if name.startswith(_TERM)}
+        return StepOutput(out["loss"], terms, out["sims"], batch["image_index"])
+
+    def step_inputs(self, batch: Batch) -> Batch:
+        """The tensors :meth:`loss_of` reads, on the device (host lengths stay for packed RNNs)."""
+        return {name: batch[name].to(self.device, non_blocking=True)
+                if name not in ("lengths", "clean_lengths") else batch[name]
+                for name in batch}
+
+    def loss_of(self, batch: Batch) -> tuple[ObjectiveOutput, dict[str, torch.Tensor], torch.Tensor]:
+        """The forward pass of a step: the objective's output, the loss's logged terms and the
+        similarities ``(B, B)`` (positives on the diagonal), with ``self._loss_fn`` as L_con."""
+        with self.precision.autocast(cache=not self.step_runner.enabled):
+            img, cap = self.encoder(batch["images"], batch["tokens"], batch["lengths"])  # (B, D)
             sims = img @ cap.t()  # (B, B), positives on the diagonal
-            loss_fn = self.loss_for_epoch(epoch)
-            l_con, loss_logs = split_output(loss_fn(sims.float(), image_index))
+            l_con, loss_logs = split_output(self._loss_fn(sims.float(), batch["image_index"]))
             l_rec = self.net["decoder"].loss(cap, batch) if "decoder" in self.net else None
-            out = self.objective(l_con, l_rec)
+            return self.objective(l_con, l_rec), loss_logs, sims
+
+    def _step(self, batch: Batch) -> dict[str, torch.Tensor]:
+        """Forward, backward and every update of a step (what a CUDA graph records)."""
+        out, loss_logs, sims = self.loss_of(batch)
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(out.loss).backward()
         if self.config.optim.grad_clip > 0:
@@ -271,10 +307,9 @@ class RetrievalTask:
             nn.utils.clip_grad_norm_(self.net.parameters(), self.config.optim.grad_clip)
         self.scaler.step(self.optimizer)
         self.scaler.update()
-        self.scheduler.step()
         self.objective.step()
-        self.global_step += 1
-        return StepOutput(out.loss.detach(), {**out.logs, **loss_logs}, sims.detach(), image_index)
+        terms = {f"{_TERM}{k}": v.detach() for k, v in {**out.logs, **loss_logs}.items()}
+        return {"loss": out.loss.detach(), "sims": sims.detach(), **terms}
 
     def take_trajectory(self) -> list[dict[str, float]]:
         rows, self._rows = self._rows, []
@@ -320,7 +355,7 @@ class RetrievalTask:
                 RetrievalInputs(self.prepared), *dataset_capabilities(self.prepared.source))
 
     def metrics(self) -> dict[str, float]:
-        return {"lr": self.optimizer.param_groups[0]["lr"], **self.objective.metrics()}
+        return {"lr": float(self.optimizer.param_groups[0]["lr"]), **self.objective.metrics()}
 
     def eval(self) -> None:
         self.net.eval()
@@ -339,7 +374,7 @@ class RetrievalTask:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.net.load_state_dict(state["net"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        load_optimizer_state(self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         self.objective.load_state_dict(state["objective"])
@@ -350,6 +385,20 @@ class RetrievalTask:
 
     def load_model_state(self, state: dict[str, torch.Tensor]) -> None:
         self.net.load_state_dict(state)
+
+
+_TERM = "term:"  # the prefix of a logged term among a step's outputs
+
+
+def captures_steps(config: ExperimentConfig, device: torch.device, precision: Precision) -> bool:
+    """Whether a run's steps are captured as CUDA graphs: on CUDA with ``train.cuda_graphs``,
+    unless float16 needs loss scaling (the scaler skips steps on the host's word)."""
+    if not (config.train.cuda_graphs and device.type == "cuda"):
+        return False
+    if precision.scales_loss:
+        log.info("train.cuda_graphs: float16 with loss scaling is not captured; eager steps")
+        return False
+    return True
 
 
 class StepOutput(NamedTuple):

@@ -1,0 +1,145 @@
+"""A training step replayed as a CUDA graph: one launch for the hundreds of kernels of a step.
+
+A step of the papers' models at their batch size of 128 is a few GFLOP spread over hundreds of
+small kernels; launched one by one from Python it keeps the CPU busy for longer than the GPU
+needs to run them (the step is launch-bound: four times the batch costs about 1.08x the time).
+A CUDA graph records the kernels of one call once and replays them with a single launch
+(`CUDA graphs <https://pytorch.org/docs/stable/notes/cuda.html#cuda-graphs>`_).
+
+What that asks of the step (:class:`GraphedStep` checks none of it; the task is built for it):
+
+- **Static shapes and addresses.** A graph replays the shapes and memory it recorded: the step's
+  inputs are copied into tensors the graph owns, one graph per input shape (the batches pad their
+  captions to a few lengths, :func:`icr.data.batches.padded_length`), and its outputs are copied
+  out after each replay.
+- **Nothing read on the host.** A value read by the CPU (``.item()``, a packed sequence's
+  lengths, a Python branch on a tensor) would be frozen at its captured value, or fail the capture.
+  The models' static-shape paths (:mod:`icr.models.recurrent`) and the sync-free losses and
+  optimisers avoid them; ``tests/test_graphs.py`` traces every architecture's step with
+  ``torch._dynamo`` and fails on a graph break, which is what such a read causes.
+- **State that changes between steps lives on the device**: the learning rate (a tensor the
+  schedule fills), the optimiser's step counts (``capturable``), the Lagrange multiplier.
+- **The same computation every replay.** What changes the computation (freezing the backbone in
+  the warm-up epochs, the loss's warm-up form) is part of the key a graph is kept under.
+
+Each new (key, shapes) runs ``warmup`` eager steps first, on a side stream as PyTorch asks
+(lazy state: the optimiser's moments, cuDNN's workspaces), then is captured and replayed; the
+capture records without running, so the step of the batch at hand is its first replay. All
+graphs share one memory pool: only the model's and the optimiser's state (allocated outside the
+graphs) carries values from one step to the next. A capture that fails (an op that cannot be
+captured) logs why and the step stays eager from then on; ``train.cuda_graphs=false`` runs eagerly
+from the start.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = ["GraphedStep", "StepFn"]
+
+log = logging.getLogger(__name__)
+
+StepFn = Callable[[dict[str, Tensor]], dict[str, Tensor]]
+
+
+@dataclass
+class _Graph:
+    """One captured shape: its graph and the tensors it reads and writes."""
+
+    calls: int = 0  # eager calls made before the capture
+    graph: Any = None  # torch.cuda.CUDAGraph once captured
+    inputs: dict[str, Tensor] = field(default_factory=dict)
+    outputs: dict[str, Tensor] = field(default_factory=dict)
+
+
+class GraphedStep:
+    """Run ``step`` as CUDA graphs, one per (key, input shapes) (module docstring).
+
+    Args:
+        step: inputs -> outputs, all device tensors; runs a whole training step (forward,
+            backward, optimiser updates) without reading the device from the host.
+        enabled: capture graphs; ``False`` calls ``step`` eagerly (the CPU, or
+            ``train.cuda_graphs=false``).
+        warmup: eager calls of each new (key, shapes) before its capture.
+        max_graphs: graphs kept at most; a shape beyond them runs eagerly.
+        new_graph: makes a graph (``torch.cuda.CUDAGraph``; a test passes a stand-in).
+        capture: the context that records into a graph (``torch.cuda.graph``).
+    """
+
+    def __init__(
+        self, step: StepFn, *, enabled: bool, warmup: int = 3, max_graphs: int = 16,
+        new_graph: Callable[[], Any] | None = None, capture: Callable[..., Any] | None = None,
+    ) -> None:
+        self.step, self.enabled, self.warmup, self.max_graphs = step, enabled, warmup, max_graphs
+        self._new_graph = new_graph or torch.cuda.CUDAGraph
+        self._capture_context = capture or torch.cuda.graph
+        self._graphs: dict[Hashable, _Graph] = {}
+        self._pool: Any = None
+        self.captured = 0  # graphs captured so far
+        self.eager_calls = 0  # steps run eagerly (warm-up, fallback, or disabled)
+
+    def __call__(self, key: Hashable, inputs: dict[str, Tensor]) -> dict[str, Tensor]:
+        """One step on ``inputs``; ``key`` names what else the step's computation depends on."""
+        if not self.enabled:
+            return self._eager(inputs)
+        signature = (key, tuple((name, tuple(t.shape), t.dtype) for name, t in inputs.items()))
+        entry = self._graphs.get(signature)
+        if entry is None:
+            if self.captured >= self.max_graphs:
+                return self._eager(inputs)
+            entry = self._graphs[signature] = _Graph()
+        if entry.graph is None:
+            if entry.calls < self.warmup:
+                entry.calls += 1
+                return self._eager(inputs, side_stream=True)
+            if not self._capture(entry, inputs):
+                return self._eager(inputs)
+        for name, tensor in inputs.items():
+            entry.inputs[name].copy_(tensor, non_blocking=True)
+        entry.graph.replay()
+        return {name: tensor.clone() for name, tensor in entry.outputs.items()}
+
+    def _eager(self, inputs: dict[str, Tensor], side_stream: bool = False) -> dict[str, Tensor]:
+        self.eager_calls += 1
+        if not (side_stream and self._is_cuda(inputs)):
+            return self.step(inputs)
+        current = torch.cuda.current_stream()
+        side = torch.cuda.Stream()
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            outputs = self.step(inputs)
+        current.wait_stream(side)
+        for tensor in (*inputs.values(), *outputs.values()):
+            tensor.record_stream(current)
+        return outputs
+
+    @staticmethod
+    def _is_cuda(inputs: dict[str, Tensor]) -> bool:
+        return any(t.is_cuda for t in inputs.values())
+
+    def _capture(self, entry: _Graph, inputs: dict[str, Tensor]) -> bool:
+        """Record ``step`` on copies of ``inputs``; ``False`` (and eager from now on) when the
+        step cannot be captured."""
+        entry.inputs = {name: tensor.clone() for name, tensor in inputs.items()}
+        graph = self._new_graph()
+        try:  # the first capture creates the memory pool the others share
+            with self._capture_context(graph, pool=self._pool):
+                entry.outputs = self.step(entry.inputs)
+        except RuntimeError as exc:
+            self.enabled = False
+            self._graphs.clear()
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            log.warning("the training step cannot be captured as a CUDA graph (%s); it runs "
+                        "eagerly (train.cuda_graphs=false skips the attempt)", reason)
+            return False
+        if self._pool is None:
+            self._pool = graph.pool()
+        entry.graph = graph
+        self.captured += 1
+        return True

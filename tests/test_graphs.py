@@ -1,0 +1,208 @@
+"""Training steps a CUDA graph can record: GraphedStep's bookkeeping, and every architecture's
+static-shape step (no graph break under torch._dynamo, a handful of shapes an epoch, the same
+loss and gradients as the eager step at exact shapes)."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import torch
+
+from icr.config import from_flat
+from icr.train.graphs import GraphedStep
+from icr.train.retrieval import RetrievalTask
+from icr.train.tasks import build_task
+
+CPU = torch.device("cpu")
+
+# -- GraphedStep, with a stand-in for torch.cuda.CUDAGraph ----------------------------------------
+
+
+class Recording:
+    """A CUDA graph on the CPU: the step recorded into it (:func:`recorded`) is re-run on the
+    graph's input tensors at each replay, its results written into the graph's output tensors."""
+
+    active: Recording | None = None
+
+    def __init__(self) -> None:
+        self.replays, self.step, self.inputs, self.outputs = 0, None, None, None
+
+    def replay(self) -> None:
+        self.replays += 1
+        for name, value in self.step(self.inputs).items():
+            self.outputs[name].copy_(value)
+
+    def pool(self) -> str:
+        return "pool"
+
+
+@contextmanager
+def record(graph: Recording, pool: object = None):
+    Recording.active = graph
+    try:
+        yield
+    finally:
+        Recording.active = None
+
+
+def recorded(step):
+    """``step``, which registers itself (and its tensors) with the graph being recorded."""
+
+    def run(inputs):
+        out = step(inputs)
+        if Recording.active is not None:
+            graph = Recording.active
+            graph.step, graph.inputs, graph.outputs = step, inputs, out
+        return out
+
+    return run
+
+
+def _double(inputs):
+    return {"y": inputs["x"] * 2}
+
+
+def _runner(step=_double, **kwargs) -> tuple[GraphedStep, list[Recording]]:
+    graphs: list[Recording] = []
+
+    def new_graph() -> Recording:
+        graphs.append(Recording())
+        return graphs[-1]
+
+    runner = GraphedStep(recorded(step), enabled=True, new_graph=new_graph, capture=record,
+                         **kwargs)
+    return runner, graphs
+
+
+def test_a_shape_is_captured_after_its_warm_up_and_replayed_on_new_values():
+    runner, graphs = _runner(warmup=2)
+    for value in range(6):
+        out = runner("key", {"x": torch.full((3,), float(value))})
+        assert torch.equal(out["y"], torch.full((3,), 2.0 * value))
+    assert (runner.eager_calls, runner.captured, len(graphs)) == (2, 1, 1)
+    assert graphs[0].replays == 4  # the capture records; the step of its batch is a replay
+
+
+def test_each_key_and_shape_gets_its_own_graph_and_outputs_are_copies():
+    runner, graphs = _runner(warmup=0)
+    first = runner("a", {"x": torch.ones(3)})
+    runner("a", {"x": torch.full((3,), 5.0)})
+    assert torch.equal(first["y"], torch.full((3,), 2.0))  # not overwritten by the next replay
+    runner("a", {"x": torch.ones(4)})
+    runner("b", {"x": torch.ones(3)})
+    assert runner.captured == 3 and [g.replays for g in graphs] == [2, 1, 1]
+
+
+def test_shapes_beyond_max_graphs_run_eagerly():
+    runner, graphs = _runner(warmup=0, max_graphs=1)
+    runner("a", {"x": torch.ones(3)})
+    out = runner("a", {"x": torch.ones(4)})
+    assert torch.equal(out["y"], torch.full((4,), 2.0))
+    assert (runner.captured, runner.eager_calls) == (1, 1)
+
+
+def test_a_step_that_cannot_be_captured_runs_eagerly_and_says_why(caplog):
+    def fussy(inputs):
+        if Recording.active is not None:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return _double(inputs)
+
+    runner, _ = _runner(fussy, warmup=1)
+    with caplog.at_level(logging.WARNING, logger="icr.train.graphs"):
+        outs = [runner("a", {"x": torch.full((2,), float(v))})["y"] for v in range(3)]
+    assert [o.tolist() for o in outs] == [[0.0, 0.0], [2.0, 2.0], [4.0, 4.0]]
+    assert not runner.enabled and runner.captured == 0
+    assert "cannot be captured as a CUDA graph (operation not permitted" in caplog.text
+
+
+def test_disabled_steps_never_make_a_graph():
+    runner, graphs = _runner(warmup=0)
+    runner.enabled = False
+    runner("a", {"x": torch.ones(2)})
+    assert graphs == [] and runner.eager_calls == 1
+
+
+# -- every architecture's static-shape step -------------------------------------------------------
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+TINY = {"data.preset": "tiny", "train.batch_size": 8, "eval.batch_size": 16,
+        "model.embed_dim": 16, "text.hidden_dim": 16, "image.hidden_dim": 16,
+        "image.output_dim": 16, "image.gcn_layers": 1, "decoder.hidden_dim": 16,
+        "decoder.word_dim": 8, "image.transformer_dim": 16, "image.transformer_layers": 1,
+        "model.shared_dim": 16, "model.shared_layers": 1, "model.transformer_heads": 2,
+        "model.transformer_ff_dim": 32, "text.bert_layers": 1, "train.device": "cpu",
+        "train.swa": False}
+
+
+def _gpu_trial():
+    """benchmarks/gpu_trial.py: its architectures are what a GPU trial trains."""
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.insert(0, str(BENCHMARKS))
+    return importlib.import_module("gpu_trial")
+
+
+GPU_TRIAL = _gpu_trial()
+
+
+def _task(arch: str, workspace, static: bool):
+    config = from_flat({**GPU_TRIAL.arch_config(arch), **TINY})
+    built = build_task(config, workspace, CPU)  # prepares the data and its caches
+    torch.manual_seed(0)  # the same weights on both paths; static: as a CUDA trial builds it
+    task = RetrievalTask(config, built.prepared, CPU, built.cache, static_shapes=static)
+    task.encoder.set_backbone_trainable(True)
+    if config.image.frozen:
+        task.encoder.image_encoder.set_backbone_trainable(False)
+    task.net.train()
+    return task
+
+
+@pytest.mark.parametrize("arch", GPU_TRIAL.ARCHS)
+def test_the_static_step_traces_without_a_graph_break(arch, workspace):
+    """A graph break is where dynamo meets what a CUDA graph cannot record: a host read of a
+    device value, a shape or branch that depends on one, a packed sequence."""
+    import torch._dynamo
+
+    task = _task(arch, workspace, static=True)
+    inputs = task.step_inputs(next(task.batches(0)))
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(allow_rnn=True):
+        explanation = torch._dynamo.explain(task.loss_of)(inputs)
+    reasons = [str(b.reason).splitlines()[0] for b in explanation.break_reasons]
+    assert explanation.graph_break_count == 0, reasons
+
+
+@pytest.mark.parametrize("arch", GPU_TRIAL.ARCHS)
+def test_an_epoch_of_static_batches_has_a_handful_of_shapes(arch, workspace):
+    task = _task(arch, workspace, static=True)
+    shapes = {tuple((k, tuple(v.shape)) for k, v in task.step_inputs(b).items())
+              for b in task.batches(0)}
+    exact = {tuple(b["tokens"].shape) for b in _task(arch, workspace, static=False).batches(0)}
+    assert len(shapes) <= 5 and len(shapes) < len(exact), (shapes, exact)
+    assert all(v.device == CPU for b in task.batches(0) for v in task.step_inputs(b).values())
+
+
+@pytest.mark.parametrize("arch", GPU_TRIAL.ARCHS)
+def test_the_static_step_has_the_eager_step_s_loss_and_gradients(arch, workspace):
+    """Padding to a static shape changes no value: the loss and every gradient of a step on the
+    same batch are those of the step at the batch's exact shapes (the packed path)."""
+    results = []
+    for static in (False, True):
+        task = _task(arch, workspace, static)
+        batch = task.step_inputs(next(task.batches(0)))
+        task.net.eval()  # no dropout: the two runs draw different masks
+        task._loss_fn = task.loss_fn
+        out, _, _ = task.loss_of(batch)
+        task.net.zero_grad()
+        out.loss.backward()
+        grads = {n: p.grad.clone() for n, p in task.net.named_parameters() if p.grad is not None}
+        results.append((out.loss.detach(), grads))
+    (loss, grads), (static_loss, static_grads) = results
+    torch.testing.assert_close(static_loss, loss, atol=1e-5, rtol=1e-4)
+    assert static_grads.keys() == grads.keys()
+    for name, grad in grads.items():
+        torch.testing.assert_close(static_grads[name], grad, atol=1e-5, rtol=1e-3, msg=name)
