@@ -6,7 +6,8 @@
 #   bash benchmarks/gpu_check.sh             # there, with .device/ carried along
 #   bash benchmarks/gpu_check.sh trial learnability   # there: only these parts
 #
-# Environment: TRIAL_SIZES ("recipe paper"), TRIAL_STEPS (200), TRIAL_SECONDS (150), LEARN_RUNS
+# Environment: TRIAL_SIZES ("recipe paper"), TRIAL_STEPS (200), TRIAL_SECONDS (150), TRIAL_ARCHS
+# (all), TRIAL_SET (KEY=VALUE overrides of every gpu_trial run), LEARN_RUNS
 # (see learnability), LEARN_SECONDS (420, each learnability run's limit), GENERATE_SECONDS (200,
 # each learnability preset's generation limit; xlarge takes about 3 min), CHECK_DEVICE (cuda),
 # SCALE_IMAGES (113287).
@@ -103,9 +104,10 @@ LEARN_PRESETS=$(printf '%s\n' "${LEARN[@]}" | awk '!seen[$1]++ {print $1}')
 
 if has trial; then
     for sizes in ${TRIAL_SIZES:-recipe paper}; do
+        # shellcheck disable=SC2086  # TRIAL_ARCHS and TRIAL_SET are word lists
         timeout "${TRIAL_SECONDS:-150}" python3 benchmarks/gpu_trial.py --preset small --sizes "$sizes" \
-            --steps "${TRIAL_STEPS:-200}" \
-            > "$LOGS/gpu_trial-$sizes.log" 2>&1
+            --steps "${TRIAL_STEPS:-200}" ${TRIAL_ARCHS:+--archs $TRIAL_ARCHS} \
+            ${TRIAL_SET:+--set $TRIAL_SET} > "$LOGS/gpu_trial-$sizes.log" 2>&1
     done
 fi
 # the scale part's folder and the learnability part's presets, written in the background once
@@ -159,8 +161,8 @@ row() { local part=$1; shift; local lines; lines=$("$@"); if [ -n "$lines" ]; th
     echo "| :--- | :--- |"
     row device cat "$LOGS/gpu.txt"
     has trial && for sizes in ${TRIAL_SIZES:-recipe paper}; do
-        row "gpu_trial, $sizes sizes (arch, samples/s, peak MiB, data wait %)" \
-            sh -c "grep -E '^\| [a-z_]+ \| [0-9]' '$LOGS/gpu_trial-$sizes.log' | cut -d'|' -f2-5; grep -E 'Error|DIFFERS|no CUDA' '$LOGS/gpu_trial-$sizes.log' | tail -2"
+        row "gpu_trial, $sizes sizes (arch, samples/s, peak MiB, data wait %, GPU busy %, CUDA graphs)" \
+            sh -c "grep -E '^\| [a-z_]+ \| [0-9]' '$LOGS/gpu_trial-$sizes.log' | cut -d'|' -f2-7; grep -E 'top kernels' '$LOGS/gpu_trial-$sizes.log' | cut -c1-230; grep -E 'Error|DIFFERS|no CUDA|cannot be captured' '$LOGS/gpu_trial-$sizes.log' | tail -3"
     done
     has debug && row "--debug ltd_bound" sh -c "tr '\r' '\n' < '$LOGS/debug.log' | grep -E '^epoch [0-9]+/[0-9]+ ' | tail -4"
     has scale && row paper_scale sh -c "grep -hE 'trial\(s\) at once|folder written|prepared|training images' '$LOGS/scale-write.log' '$LOGS/scale.log'"

@@ -22,6 +22,13 @@ training steps after ``--warmup`` untimed ones and prints:
 - data wait: the share of step time spent waiting for the next batch (:mod:`icr.data.batches`:
   slices of the epoch's plan and a gather of the inputs on the GPU; the first batch of each
   epoch also plans the epoch);
+- GPU busy: the share of the wall time of ``--profile-steps`` further steps (not synchronised
+  one by one, as training runs them) in which a kernel runs on the GPU (``torch.profiler``: the
+  union of the kernels' intervals), the figure that says how far a step is from the card's
+  limit; and the ``--top`` kernels by time (with ``train.deterministic`` on and off, what the
+  deterministic kernels cost);
+- the CUDA graphs the steps were captured as (``train.cuda_graphs``, :mod:`icr.train.graphs`)
+  and the steps run eagerly (each shape's warm-up);
 - one fixed batch (the first of epoch 0) encoded in evaluation mode, float32, by the trained
   weights on the GPU and by a CPU copy of them: the largest embedding difference, the loss and
   the batch's retrieval metrics (R@1/5/10 both ways, rsum, over the batch's distinct images) on
@@ -36,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import math
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -128,6 +136,39 @@ def measure_steps(
     return StepStats(timed, samples, seconds, wait)
 
 
+def busy_share(intervals: Sequence[tuple[float, float]], wall: float) -> float:
+    """The share of ``wall`` covered by the union of ``intervals`` (kernels, which may overlap
+    on several streams): ``(start, end)`` pairs in the wall's unit."""
+    covered, reach = 0.0, -math.inf
+    for start, end in sorted(intervals):
+        if end <= reach:
+            continue
+        covered += end - max(start, reach)
+        reach = end
+    return covered / wall if wall > 0 else float("nan")
+
+
+def profile_steps(batches: Iterator[Any], step: Callable[[Any], None], steps: int, top: int
+                  ) -> tuple[float, list[tuple[str, float]]]:
+    """Profile ``steps`` steps on the GPU, synchronised at the end only: the GPU's busy share
+    of their wall time and the ``top`` kernels by total time ``(name, ms)``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        for _ in range(steps):
+            step(next(batches))
+        torch.cuda.synchronize()
+        wall_us = (time.perf_counter() - start) * 1e6
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    share = busy_share([(e.time_range.start, e.time_range.end) for e in kernels], wall_us)
+    totals: dict[str, float] = {}
+    for e in kernels:
+        totals[e.name] = totals.get(e.name, 0.0) + e.time_range.elapsed_us() / 1e3
+    return min(share, 1.0), sorted(totals.items(), key=lambda kv: -kv[1])[:top]
+
+
 def batch_metrics(img: torch.Tensor, cap: torch.Tensor, image_index: torch.Tensor
                   ) -> dict[str, float]:
     """Retrieval metrics of one training batch of pairs: its distinct images against its captions.
@@ -217,10 +258,19 @@ def run_arch(name: str, args: argparse.Namespace, workspace: Any,
     counter = iter(range(10**9))
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    stats = measure_steps(_batches(task), lambda b: task.train_step(b, 0, next(counter)),
-                          args.steps, warmup=args.warmup, size=lambda b: len(b["image_index"]),
+    batches = _batches(task)
+
+    def train(batch: Any) -> None:
+        task.train_step(batch, 0, next(counter))
+
+    stats = measure_steps(batches, train, args.steps, warmup=args.warmup,
+                          size=lambda b: len(b["image_index"]),
                           sync=torch.cuda.synchronize if cuda else (lambda: None))
     peak = f"{torch.cuda.max_memory_allocated() / 2**20:,.0f}" if cuda else "–"
+    busy, kernels = (profile_steps(batches, train, args.profile_steps, args.top)
+                     if cuda and args.profile_steps else (float("nan"), []))
+    runner = task.step_runner
+    graphs = f"{runner.captured} graphs, {runner.eager_calls} eager" if runner.enabled else "off"
     gpu_emb, gpu = _encode(task.net, task.loss_fn, fixed, device)
     cpu_net = copy.deepcopy(task.net).to("cpu")
     cpu_emb, cpu = _encode(cpu_net, task.loss_fn, fixed, torch.device("cpu"))
@@ -229,9 +279,12 @@ def run_arch(name: str, args: argparse.Namespace, workspace: Any,
     images = len(torch.unique(fixed["image_index"]))  # an i2t query is 100 / images %
     rows = agreement(cpu, gpu, tolerance=args.tolerance, recall_step=100.0 / images)
     print(f"| {name} | {stats.samples_per_second:,.0f} | {peak} | "
-          f"{100 * stats.wait_share:.1f} | "
+          f"{100 * stats.wait_share:.1f} | {100 * busy:.0f} | {graphs} | "
           + " ".join(f"{n}={c:.4g}/{g:.4g}{'' if ok else ' DIFFERS'}" for n, c, g, ok in rows)
           + " |", flush=True)
+    if kernels:
+        print(f"  {name} top kernels over {args.profile_steps} steps: "
+              + "; ".join(f"{k[:60]} {ms:.1f} ms" for k, ms in kernels), flush=True)
     return all(ok for *_, ok in rows)
 
 
@@ -246,6 +299,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="the study recipe's model sizes, or the papers' (PAPER_SIZES)")
     parser.add_argument("--tolerance", type=float, default=1e-3,
                         help="largest embedding difference and relative loss difference")
+    parser.add_argument("--profile-steps", type=int, default=20,
+                        help="steps profiled for the GPU's busy share (0: none)")
+    parser.add_argument("--top", type=int, default=3, help="kernels listed by time")
     parser.add_argument("--workspace", type=Path, help="default: ICR_WORKSPACE or ./workspace")
     parser.add_argument("--set", nargs="*", metavar="KEY=VALUE", help="config overrides for all")
     args = parser.parse_args(argv)
@@ -259,9 +315,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{torch.cuda.get_device_name()}: {args.steps} steps of {args.batch_size} pairs after "
           f"{args.warmup} warm-up steps, preset {args.preset}, {args.sizes} sizes, torch "
           f"{torch.__version__}")
-    print("| arch | samples/s | peak MiB | data wait % | fixed batch, CPU/GPU "
-          f"(tolerance {args.tolerance:g}) |")
-    print("| :--- | ---: | ---: | ---: | :--- |")
+    print("| arch | samples/s | peak MiB | data wait % | GPU busy % | CUDA graphs | fixed batch, "
+          f"CPU/GPU (tolerance {args.tolerance:g}) |")
+    print("| :--- | ---: | ---: | ---: | ---: | :--- | :--- |")
     agree = [run_arch(name, args, workspace) for name in args.archs]
     return 0 if all(agree) else 1
 

@@ -19,13 +19,20 @@ as the platform's driver does, here by this script) and training ``--steps`` ste
 ``--device``. Each reports, and the script prints per K:
 
 - start: seconds from its process's start to its first step (imports, data, model);
-- private memory (USS, psutil: the pages only that process holds; the memory-mapped features
-  are the page cache's, shared by every trial, and not counted) and resident set (RSS: with the
-  pages of the map it touched), at its end;
+- its memory at its end, from ``/proc/<pid>/smaps_rollup``: **anonymous** memory (the heap,
+  pinned buffers, the CUDA context's host side: what the trial itself holds), **file-backed**
+  resident pages (the memory-mapped features and caption tables, the shared libraries: the page
+  cache's, which the kernel can drop and other trials share), and the proportional set size
+  (PSS: every page divided among the processes mapping it, so the PSS of all trials adds up to
+  what they hold together). Linux counts a file page as private (USS, also printed) while only
+  one process maps it, so USS mixes the two kinds;
+- the anonymous memory at each stage of its start (imports, the CUDA context, the task built:
+  data, model, inputs placed; the first batch: the epoch's plan; the steps), which says where
+  it goes, and the pinned host memory torch's caching allocator holds at the end;
 - steps/s over its steps after the first.
 
 The issue's targets at full COCO size: a trial starts in at most 60 s and holds at most 4 GB of
-private memory; 4 trials at most 10 GB together.
+anonymous memory; 4 trials at most 10 GB together.
 """
 
 from __future__ import annotations
@@ -91,6 +98,23 @@ def trial_config(recipe: str, folder: Path, device: str, steps: int,
     return to_flat(plan.debug_config(condition))
 
 
+def memory_kinds(rollup: str) -> dict[str, float]:
+    """GB of anonymous and file-backed resident memory and the PSS, from the text of a
+    ``/proc/<pid>/smaps_rollup`` (its values in kB)."""
+    kb = {}
+    for line in rollup.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[2] == "kB":
+            kb[parts[0].rstrip(":")] = int(parts[1])
+    gb = {name: value / 2**20 for name, value in kb.items()}
+    return {"anon_gb": gb["Anonymous"], "file_gb": gb["Rss"] - gb["Anonymous"],
+            "pss_gb": gb["Pss"]}
+
+
+def _anonymous_gb() -> float:
+    return memory_kinds(Path("/proc/self/smaps_rollup").read_text())["anon_gb"]
+
+
 def child(args: argparse.Namespace) -> None:
     """One trial: build, train ``--steps`` steps; print one JSON line."""
     import psutil
@@ -101,23 +125,33 @@ def child(args: argparse.Namespace) -> None:
     from icr.workspace import Workspace
 
     me = psutil.Process()
+    stages = {"imports": _anonymous_gb()}
     device = torch.device(args.device)
+    if device.type == "cuda":
+        torch.ones(1, device=device).sum().item()  # the CUDA context
+        stages["cuda context"] = _anonymous_gb()
     config = from_flat(trial_config(args.recipe, args.folder, args.device, args.steps, args.set))
     task = build_task(config, Workspace(args.workspace), device)
+    stages["task built"] = _anonymous_gb()
     task.net.train()
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     started, first = None, time.perf_counter()
     for step, batch in enumerate(task.batches(0, args.steps)):
         if step == 0:  # its inputs are ready (the epoch's plan made)
             started = time.time() - me.create_time()
+            stages["first batch"] = _anonymous_gb()
         task.train_step(batch, 0, step)
         sync()
         if step == 0:
             first = time.perf_counter()
+    stages["steps"] = _anonymous_gb()
     rate = (args.steps - 1) / (time.perf_counter() - first) if args.steps > 1 else float("nan")
-    memory = me.memory_full_info()
-    print(json.dumps({"start_s": started, "uss_gb": memory.uss / 2**30,
-                      "rss_gb": memory.rss / 2**30, "steps_per_s": rate,
+    pinned = (torch.cuda.memory.host_memory_stats().get("allocated_bytes.current", 0) / 2**30
+              if device.type == "cuda" and hasattr(torch.cuda.memory, "host_memory_stats")
+              else 0.0)
+    print(json.dumps({"start_s": started, "uss_gb": me.memory_full_info().uss / 2**30,
+                      **memory_kinds(Path("/proc/self/smaps_rollup").read_text()),
+                      "stages": stages, "pinned_gb": pinned, "steps_per_s": rate,
                       "resident": task.stores["train"].resident}), flush=True)
 
 
@@ -181,13 +215,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"prepared the data (the driver's part) in {prepare(args):.1f} s", flush=True)
     for k in args.trials:
         rows = run_trials(args, k)
-        uss = [r["uss_gb"] for r in rows]
+        anon = [r["anon_gb"] for r in rows]
         print(f"{k} trial(s) at once: start {max(r['start_s'] for r in rows):.1f} s (slowest), "
-              f"private memory {max(uss):.2f} GB each at most, {sum(uss):.2f} GB together, "
-              f"RSS {max(r['rss_gb'] for r in rows):.2f} GB, "
+              f"anonymous memory {max(anon):.2f} GB each at most, {sum(anon):.2f} GB together; "
+              f"file-backed {max(r['file_gb'] for r in rows):.2f} GB each at most; PSS "
+              f"{sum(r['pss_gb'] for r in rows):.2f} GB together; private (USS) "
+              f"{max(r['uss_gb'] for r in rows):.2f} GB each at most; "
               f"{np.mean([r['steps_per_s'] for r in rows]):.2f} steps/s each, training features "
               f"{'resident on ' + args.device if rows[0]['resident'] else 'read per batch'}",
               flush=True)
+        stages = ", ".join(f"{name} {gb:.2f}" for name, gb in rows[0]["stages"].items())
+        print(f"  anonymous GB of the first trial by stage: {stages}; pinned host memory "
+              f"{rows[0]['pinned_gb']:.2f} GB", flush=True)
     return 0
 
 

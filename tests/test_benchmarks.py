@@ -234,6 +234,14 @@ def test_gpu_trial_measures_steps_with_a_given_clock():
         gpu_trial.measure_steps(iter([[1], [2], [3]]), step, 4, clock=clock)
 
 
+def test_gpu_trial_busy_share_is_the_union_of_kernel_intervals():
+    """Kernels at 0-2, 1-3 (overlapping, on another stream) and 6-7 of a 10-unit wall: the GPU
+    is busy 4 units, not the 5 their durations add up to."""
+    gpu_trial = load("gpu_trial")
+    assert gpu_trial.busy_share([(6.0, 7.0), (0.0, 2.0), (1.0, 3.0), (1.5, 2.5)], 10.0) == 0.4
+    assert gpu_trial.busy_share([], 10.0) == 0.0
+
+
 def test_gpu_trial_batch_metrics_against_a_hand_example():
     """Three pairs, images 7, 7, 9: the batch's distinct images are 7 and 9 (rows 0 and 2)."""
     import torch
@@ -318,11 +326,23 @@ def test_paper_scale_runs_trials_at_once_and_reports_memory_and_start(tmp_path, 
         "--set", "model.embed_dim=16", "text.hidden_dim=16", "image.hidden_dim=16",
         "image.output_dim=16", "text.word_dim=8", "train.batch_size=16"])
     out = capsys.readouterr().out
-    row = re.search(r"2 trial\(s\) at once: start ([\d.]+) s \(slowest\), private memory "
-                    r"([\d.]+) GB each at most, ([\d.]+) GB together", out)
+    row = re.search(r"2 trial\(s\) at once: start ([\d.]+) s \(slowest\), anonymous memory "
+                    r"([\d.]+) GB each at most, ([\d.]+) GB together; file-backed ([\d.]+) GB "
+                    r"each at most; PSS ([\d.]+) GB together", out)
     assert row, out
     assert float(row[1]) > 0 and 0 < float(row[2]) <= float(row[3])
+    assert float(row[4]) > 0 and float(row[5]) > 0
     assert "training features resident on cpu" in out
+    assert re.search(r"by stage: imports [\d.]+, task built [\d.]+, first batch [\d.]+, steps", out)
+
+
+def test_paper_scale_reads_the_kinds_of_memory_of_a_process():
+    """A hand-written smaps_rollup: 3 GiB resident of which 1 GiB anonymous, PSS 2 GiB."""
+    rollup = ("00400000-7fff0000 ---p 00000000 00:00 0  [rollup]\n"
+              f"Rss:             {3 * 2**20} kB\nPss:             {2 * 2**20} kB\n"
+              f"Pss_Anon:        {2**20} kB\nAnonymous:       {2**20} kB\n")
+    kinds = load("paper_scale").memory_kinds(rollup)
+    assert kinds == {"anon_gb": 1.0, "file_gb": 2.0, "pss_gb": 2.0}
 
 
 @pytest.mark.slow  # end-to-end: make test-all and CI run it
