@@ -52,8 +52,8 @@ from icr.data.images import ImageStore, SplitImages, place_images
 from icr.data.pipeline import PreparedData, prepare_data
 from icr.data.sampler import steps_per_epoch
 from icr.errors import ConfigError
-from icr.losses import ContrastiveLoss, loss_from_config, warmup_from_config
-from icr.losses.contrastive import LOSSES, split_output
+from icr.losses import ContrastiveLoss, config_options, loss_from_config, warmup_from_config
+from icr.losses.contrastive import split_output
 from icr.models.build import build_decoder, build_dual_encoder, check_inputs
 from icr.objectives import Objective, build_objective
 from icr.seeding import derive_seed, seed_everything
@@ -423,7 +423,6 @@ def live_cocos(config: ExperimentConfig) -> Any:
     if name not in COCOS_COUNTERS:
         raise ConfigError(f"train.live_cocos: loss.name={name} has no COCOS counter; "
                           f"use one of {', '.join(COCOS_COUNTERS.names())} or train.live_cocos=false")
-    options = {k: getattr(config.loss, k) for k in LOSSES.options(name)}
-    counter = build_counter(name, **options)
+    counter = build_counter(name, **config_options(config.loss))
     return lambda sims, ids: {f"cocos_{k}": v for k, v in counter(sims, ids).items()
                               if not math.isnan(v)}
