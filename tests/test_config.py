@@ -103,6 +103,20 @@ def test_used_keys_follow_the_chosen_components(flat, present, absent):
     assert {"train.seed", "loss.name", "objective.name", "eval.analyses"} <= used
 
 
+@pytest.mark.parametrize(
+    ("generator", "absent"),
+    [("context", set()), ("random", {"grounding.mlm_candidates", "grounding.mlm_path"}),
+     ("none", {"grounding.num_negatives", "grounding.mlm_candidates", "grounding.mlm_path"})],
+)
+def test_the_negative_generators_options_are_used_by_the_generators_that_read_them(generator,
+                                                                                   absent):
+    # Their registry is tied to grounding.*: a generator's options are the fields it takes.
+    negatives = {"grounding.num_negatives", "grounding.mlm_candidates", "grounding.mlm_path"}
+    used = set(used_keys(from_flat({"task.name": "grounding", "grounding.negatives": generator})))
+    assert negatives - absent <= used and not (absent & used)
+    assert {"grounding.word_model", "grounding.lang_weight", "train.seed"} <= used
+
+
 def test_every_registry_reads_only_known_keys():
     from icr.registry import resolve
 

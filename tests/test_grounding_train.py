@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from icr.config import GroundingConfig
 from icr.data.datasets import DatasetSource
 from icr.grounding.train import GroundingData, GroundingTask, prepare_grounding_data
 from icr.grounding.words import WordEncoder
@@ -47,8 +48,8 @@ def inputs(tmp_path_factory) -> tuple[DatasetSource, Path, WordEncoder]:
 @pytest.fixture(scope="module")
 def data(inputs) -> GroundingData:
     source, cache, encoder = inputs
-    return prepare_grounding_data(source, cache, negatives="random", num_negatives=4,
-                                  lang_negatives=2, encoder=encoder)
+    return prepare_grounding_data(source, cache, GroundingConfig(negatives="random",
+                                  num_negatives=2), encoder=encoder)
 
 
 def _task(data: GroundingData, **overrides) -> GroundingTask:
@@ -89,18 +90,21 @@ def test_the_none_generator_runs_through_its_builder_and_leaves_l_lang_out(input
     from icr.grounding.negatives import negative_captions, noun_positions
 
     captions = list(data.splits["train"].captions)
-    made = negative_captions("none", captions, noun_positions(captions), None)
+    made = negative_captions(GroundingConfig(negatives="none"), captions,
+                             noun_positions(captions), None)
     assert made.generator == "none" and len(made) == len(captions) and not made.has_substitutes
     assert (made.word_index >= 0).any()  # a noun is masked as for any generator, none replaced
     source, cache, encoder = inputs
-    plain = prepare_grounding_data(source, cache, negatives="none", encoder=encoder)
+    plain = prepare_grounding_data(source, cache, GroundingConfig(negatives="none"),
+                                   encoder=encoder)
     assert plain.negatives is None and plain.candidates is None
     assert set(_task(plain).train_epoch(0)) == {"train_loss", "train_L_img"}
     assert data.negatives is not None and data.negatives.has_substitutes
 
 
 def test_the_task_offers_what_it_registered(data):
-    from icr.context import Attention, GroundingInputs, ImageFiles, Scenes
+    from icr.context import Attention, ImageFiles, Scenes
+    from icr.grounding.train import GroundingInputs
     from icr.train.tasks import TASKS
 
     offered = {type(c): c for c in _task(data).capabilities()}

@@ -64,12 +64,13 @@ from torch import Tensor
 
 from icr.analysis import ANALYSES
 from icr.config import ExperimentConfig
-from icr.context import Embeddings, RetrievalInputs, TaskContext
+from icr.context import Embeddings, TaskContext
 from icr.data.sampler import build_batch_sampler
 from icr.errors import ConfigError
 from icr.losses.contrastive import config_options, negative_mask
 from icr.losses.smoothap import image_caption_matrix, positive_slots, smooth_step
 from icr.registry import Registry
+from icr.train.retrieval_data import RetrievalInputs
 
 logger = logging.getLogger(__name__)
 

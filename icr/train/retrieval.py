@@ -37,19 +37,12 @@ from tqdm.auto import tqdm
 
 from icr.analysis.cocos import COCOS_COUNTERS, build_counter
 from icr.config import ExperimentConfig, used_keys
-from icr.context import (
-    Capability,
-    Embedder,
-    Embeddings,
-    InitialEmbeddings,
-    RetrievalInputs,
-    dataset_capabilities,
-)
+from icr.context import Capability, Embedder, Embeddings, InitialEmbeddings
 from icr.data.batches import Batch, TrainingBatches
 from icr.data.features import cached_backbone_features
 from icr.data.glove import check_glove_file
 from icr.data.images import ImageStore, SplitImages, place_images
-from icr.data.pipeline import PreparedData, prepare_data
+from icr.data.pipeline import PreparedData
 from icr.data.sampler import steps_per_epoch
 from icr.errors import ConfigError
 from icr.losses import ContrastiveLoss, config_options, loss_from_config, warmup_from_config
@@ -60,6 +53,7 @@ from icr.seeding import derive_seed, seed_everything
 from icr.train.device import Precision
 from icr.train.evaluation import embed_split, evaluate_split
 from icr.train.recipe import build_optimizer, schedule_factor, swa_snapshot_steps
+from icr.train.retrieval_data import RetrievalInputs, prepare_data
 from icr.train.step_log import StepLog
 from icr.train.tasks import TASKS, Prepared
 from icr.train.timing import StepTimer
@@ -317,7 +311,7 @@ class RetrievalTask:
 
     def capabilities(self) -> tuple[Capability, ...]:
         return (Embeddings(self.embed_split), InitialEmbeddings(self.initial_embedder),
-                RetrievalInputs(self.prepared), *dataset_capabilities(self.prepared.source))
+                RetrievalInputs(self.prepared), *self.prepared.source.capabilities())
 
     def metrics(self) -> dict[str, float]:
         return {"lr": self.optimizer.param_groups[0]["lr"], **self.objective.metrics()}
@@ -426,3 +420,4 @@ def live_cocos(config: ExperimentConfig) -> Any:
     counter = build_counter(name, **config_options(config.loss))
     return lambda sims, ids: {f"cocos_{k}": v for k, v in counter(sims, ids).items()
                               if not math.isnan(v)}
+
