@@ -215,3 +215,28 @@ def test_fit_trains_the_grounding_task_from_a_config(tmp_path, data):
     want = tagger_accuracy(data.splits["train"].captions)
     assert final.metrics["tagger/content_accuracy"] == pytest.approx(want["content_accuracy"])
     assert 0.8 < final.metrics["tagger/noun_adjective_accuracy"] <= 1.0
+    # What an error inside one of its steps would name: the model's, the losses' and the
+    # optimiser's keys with this run's values (the data is cached now: building is quick).
+    from icr.grounding.train import grounding
+
+    task = grounding(config, Workspace(tmp_path / "ws"), torch.device("cpu"))
+    assert {"grounding.model": "word_region", "grounding.key_dim": 8, "grounding.lang_weight": 1.0,
+            "optim.name": "adam", "optim.lr": 3e-3}.items() <= task.step_keys.items()
+    assert all(k.startswith(("grounding.", "optim.")) for k in task.step_keys)
+    assert "grounding.word_model" not in task.step_keys
+
+
+def test_an_error_inside_a_step_names_the_step_and_its_keys(data):
+    from icr.errors import TrainingError
+
+    # optim.lr=1e39 is refused by the config now; given to the task directly, Adam's update
+    # cannot put it into a float32, inside the step
+    task = _task(data, optimizer="adam", lr=1e39,
+                 step_keys={"grounding.model": "word_region", "optim.lr": 1e39})
+    with pytest.raises(TrainingError, match=r"^the training step failed at epoch 1, step 1 "
+                                            r"\(RuntimeError: value cannot be converted to type "
+                                            r"float without overflow\) with "
+                                            r"grounding.model=word_region, optim.lr=1e\+39; "
+                                            r"check those values$") as caught:
+        task.train_epoch(0)
+    assert caught.value.__cause__ is None

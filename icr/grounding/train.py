@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -43,10 +44,10 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from icr.config import GroundingConfig
+from icr.config import GroundingConfig, Scalar, to_flat, used_keys
 from icr.context import Attention, Capability
 from icr.data.datasets import DatasetSource, load_source
-from icr.errors import ConfigError, DataError
+from icr.errors import ConfigError, DataError, UserError, step_error
 from icr.grounding.data import GroundingSplit, load_grounding
 from icr.grounding.losses import image_infonce_loss, language_infonce_loss
 from icr.grounding.model import build_grounding_model
@@ -72,6 +73,8 @@ __all__ = ["GroundingData", "GroundingInputs", "GroundingTask", "prepare_groundi
 
 SPLITS = ("train", "val", "test")
 NEGATIVES_SEED = 0  # which noun is masked and the masked-LM head's training: shared by all runs
+# what a step runs is set by these keys (and the optimiser's, optim.*): the model, its losses
+STEP_KEYS = ("grounding.model", "grounding.key_dim", "grounding.img_weight", "grounding.lang_weight")
 
 
 @dataclass(frozen=True)
@@ -200,6 +203,8 @@ class GroundingTask:
         eval_batch_size: captions per evaluation batch.
         box_convention: how evaluation reads boxes, ``infoground`` (the reference's evaluation)
             or ``continuous`` (:mod:`icr.metrics.grounding`).
+        step_keys: the config keys behind the model and the losses, with their values, that an
+            error raised inside a step names (:func:`icr.errors.step_error`; :data:`STEP_KEYS`).
     """
 
     selection_metric = "pointing"
@@ -226,8 +231,10 @@ class GroundingTask:
         trajectory_every: int = 10,
         eval_batch_size: int = 256,
         box_convention: str = DEFAULT_BOX_CONVENTION,
+        step_keys: Mapping[str, Scalar] | None = None,
     ) -> None:
         self.data, self.device = data, torch.device(device)
+        self.step_keys = dict(step_keys or {})
         self.epochs, self.batch_size, self.seed = epochs, batch_size, seed
         self.img_weight, self.lang_weight = img_weight, lang_weight
         self.trajectory_every, self.eval_batch_size = trajectory_every, eval_batch_size
@@ -294,7 +301,12 @@ class GroundingTask:
                    leave=False)
         for step in bar:
             index = np.sort(order[step * self.batch_size:(step + 1) * self.batch_size].numpy())
-            terms = self.train_step(self._batch("train", index), epoch, step)
+            try:
+                terms = self.train_step(self._batch("train", index), epoch, step)
+            except UserError:
+                raise
+            except Exception as error:  # where, and with which settings (icr.errors.step_error)
+                raise step_error(error, epoch=epoch, step=step, keys=self.step_keys) from None
             row = self.global_step if self.global_step % self.trajectory_every == 0 else None
             record.add(terms["loss"], terms, row_step=row)
             if timer is not None:
@@ -416,7 +428,7 @@ def fits_grounding(config: Any, data: Prepared) -> None:
                 fits=fits_grounding, provides=(GroundingInputs, Attention))
 def grounding(config: Any, workspace: Any, device: torch.device) -> GroundingTask:
     """Weakly supervised phrase grounding (Gupta et al., ECCV 2020); keys in the module docstring."""
-    g = config.grounding
+    g, flat = config.grounding, to_flat(config)
     data = _prepare(config, workspace, str(device))
     o, t = config.optim, config.train
     return GroundingTask(
@@ -425,4 +437,6 @@ def grounding(config: Any, workspace: Any, device: torch.device) -> GroundingTas
         epochs=config.epochs, img_weight=g.img_weight, lang_weight=g.lang_weight, seed=t.seed,
         device=device, amp=t.amp, amp_dtype=t.amp_dtype, max_steps_per_epoch=t.max_steps_per_epoch,
         trajectory_every=t.trajectory_every, eval_batch_size=config.eval.batch_size,
-        box_convention=g.box_convention)
+        box_convention=g.box_convention,
+        step_keys={key: flat[key] for key in used_keys(config)
+                   if key in STEP_KEYS or key.startswith("optim.")})

@@ -36,7 +36,7 @@ from torch.optim.swa_utils import AveragedModel, update_bn
 from tqdm.auto import tqdm
 
 from icr.analysis.cocos import COCOS_COUNTERS, build_counter
-from icr.config import ExperimentConfig, used_keys
+from icr.config import ExperimentConfig, Scalar, to_flat, used_keys
 from icr.context import Capability, Embedder, Embeddings, InitialEmbeddings
 from icr.data.batches import Batch, TrainingBatches
 from icr.data.features import cached_backbone_features
@@ -44,7 +44,7 @@ from icr.data.glove import check_glove_file
 from icr.data.images import ImageStore, SplitImages, place_images
 from icr.data.pipeline import PreparedData
 from icr.data.sampler import steps_per_epoch
-from icr.errors import ConfigError
+from icr.errors import ConfigError, UserError, step_error
 from icr.losses import ContrastiveLoss, config_options, loss_from_config, warmup_from_config
 from icr.losses.contrastive import split_output
 from icr.models.build import build_decoder, build_dual_encoder, check_inputs
@@ -215,7 +215,13 @@ class RetrievalTask:
         bar = tqdm(self.batches(epoch, self.steps_per_epoch), total=self.steps_per_epoch,
                    desc=f"epoch {epoch + 1}/{self.epochs}", disable=not progress, leave=False)
         for step, batch in enumerate(bar):
-            out = self.train_step(batch, epoch, step)
+            try:
+                out = self.train_step(batch, epoch, step)
+            except UserError:
+                raise
+            except Exception as error:  # where, and with which settings (icr.errors.step_error)
+                raise step_error(error, epoch=epoch, step=step, keys=step_keys(self.config)
+                                 ) from None
             row = self.global_step if self.global_step % t.trajectory_every == 0 else None
             record.add(out.loss, out.terms, row_step=row,
                        extra=self._cocos(out) if row is not None else None)
@@ -421,3 +427,11 @@ def live_cocos(config: ExperimentConfig) -> Any:
     return lambda sims, ids: {f"cocos_{k}": v for k, v in counter(sims, ids).items()
                               if not math.isnan(v)}
 
+
+def step_keys(config: ExperimentConfig) -> dict[str, Scalar]:
+    """The keys of the loss, the objective and the optimiser a training step runs, as this run
+    uses them (the loss's own options only, :func:`icr.config.used_keys`), with their values:
+    what an error raised inside a step names (:func:`icr.errors.step_error`)."""
+    flat = to_flat(config)
+    return {key: flat[key] for key in used_keys(config)
+            if key.split(".")[0] in ("loss", "objective", "optim")}
