@@ -1,8 +1,8 @@
 """The data side of preparing a trial: splits, images, vocabularies and caption tables, cached.
 
-A task composes these into what its model reads (retrieval: :func:`icr.train.retrieval_data.
-prepare_data`, which adds what depends on the model: the caption input, the pixel normalisation,
-the ROUGE-L relevance); this module knows no model. Everything expensive is cached under
+A task composes these into what its model reads, adding what depends on the model (the caption
+input, the pixel normalisation, the ROUGE-L relevance): for retrieval
+:func:`icr.train.retrieval_data.prepare_data`. This module knows no model. Everything expensive is cached under
 ``<workspace>/cache`` keyed by a fingerprint of its inputs, so the trials of a study (and a second
 study) find it ready. Image inputs stay in their files (:class:`~icr.data.images.SplitImages`,
 memory-mapped); :mod:`icr.data.batches` makes training batches of them.
