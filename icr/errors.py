@@ -38,6 +38,6 @@ def step_error(error: Exception, *, epoch: int, step: int, keys: Mapping[str, ob
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     what = f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
     values = ", ".join(f"{key}={value}" for key, value in keys.items())
+    settings = f" with {values}; check those values" if values else ""
     return TrainingError(f"the training step failed at epoch {epoch + 1}, step {step + 1} "
-                         f"({what}) with {values}; check those values"
-                         ).with_traceback(error.__traceback__)
+                         f"({what}){settings}").with_traceback(error.__traceback__)
