@@ -203,8 +203,9 @@ class GroundingTask:
         eval_batch_size: captions per evaluation batch.
         box_convention: how evaluation reads boxes, ``infoground`` (the reference's evaluation)
             or ``continuous`` (:mod:`icr.metrics.grounding`).
-        step_keys: the config keys behind the model and the losses, with their values, that an
-            error raised inside a step names (:func:`icr.errors.step_error`; :data:`STEP_KEYS`).
+        step_keys: the config keys behind the model, the losses and the optimiser, with their
+            values, that an error raised inside a step names (:func:`icr.errors.step_error`;
+            the builder gives :data:`STEP_KEYS` and ``optim.*``).
     """
 
     selection_metric = "pointing"
