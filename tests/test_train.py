@@ -255,7 +255,7 @@ def test_an_error_inside_a_step_names_the_step_and_the_keys_of_its_loss_and_obje
 
     from icr.train.retrieval import retrieval
 
-    config = tiny(decoder__name="ltd", objective__name="lagrangian", train__finetune_epochs=0)
+    config = tiny(decoder__name="itd", objective__name="lagrangian", train__finetune_epochs=0)
     objective = dataclasses.replace(config.objective, lambda_init=1e39, lambda_max=1e39)
     task = retrieval(dataclasses.replace(config, objective=objective), workspace,
                      torch.device("cpu"))
