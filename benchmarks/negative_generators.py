@@ -27,6 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from icr.config import GroundingConfig  # noqa: E402
 from icr.data.synthetic import ensure_benchmark  # noqa: E402
 from icr.data.synthetic.lexicon import lexicon  # noqa: E402
 from icr.grounding.data import load_shapes_grounding  # noqa: E402
@@ -81,8 +82,9 @@ def main(argv: list[str] | None = None) -> int:
          "context", max(c, args.negatives)) for c in args.candidates]
     rows = []
     for label, generator, candidates in settings:
-        made = negative_captions(generator, captions, positions, cache,
-                                 num_negatives=args.negatives, num_candidates=candidates,
+        section = GroundingConfig(negatives=generator, num_negatives=args.negatives,
+                                  mlm_candidates=candidates)
+        made = negative_captions(section, captions, positions, cache,
                                  show_progress=not args.quiet)
         verdicts = negative_quality(truth, {"g": made})
         rows.append((label, *(verdicts[f"g_{v}"] for v in VERDICTS), same_kind_share(made),

@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> dict[str, list[float]]:
     import torch
 
     from icr.config import from_flat, parse_overrides, to_flat
-    from icr.data.pipeline import prepare_data
+    from icr.train.retrieval_data import prepare_data
     from icr.workspace import Workspace
     from studies.catalog import get_study
     from studies.environment import set_quiet_environment

@@ -26,6 +26,16 @@ from icr.registry import resolve
 
 Scalar = bool | int | float | str
 
+# What the tensors a number goes into can hold: a float key becomes a float32 tensor (a
+# multiplier, a temperature, a learning rate applied to float32 weights) and torch refuses a
+# larger one inside the step ("value cannot be converted to type float without overflow"); an
+# int key goes into an int64 one (seeds, sizes). Every key's domain is cut to its dtype's range
+# (:func:`key_specs`), so such a value is refused with the key's name before anything runs.
+FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # torch.iinfo(torch.int64)
+_HOLDS: dict[type, tuple[float, float]] = {float: (-FLOAT32_MAX, FLOAT32_MAX),
+                                          int: (INT64_MIN, INT64_MAX)}
+
 
 def _field(
     default: Scalar,
@@ -42,7 +52,8 @@ def _field(
 
     ``registry`` ("module:NAME") makes the allowed values the names registered there (read when
     first needed, so a new component needs no edit here); ``many`` allows a comma-separated list
-    of them ('' = none). ``path`` marks a local file or folder: the value must exist unless it is
+    of them ('' = none). ``low`` and ``high`` bound a number; a number's domain never reaches
+    past what its tensor's dtype holds (``_HOLDS``), bounds given or not. ``path`` marks a local file or folder: the value must exist unless it is
     '' or one of the names listed (e.g. a bundled model), which :func:`check_paths` verifies on
     the driver before anything starts.
     """
@@ -342,10 +353,16 @@ class KeySpec:
         kind = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
         text = kind[self.type]
         if self.low is not None and self.high is not None:
-            text += f" in [{self.low}, {self.high}]"
-        elif self.low is not None:
-            text += f" >= {self.low}"
+            text += f" in [{_bound(self.low)}, {_bound(self.high)}]"
+            if self.type is float and FLOAT32_MAX in (abs(self.low), abs(self.high)):
+                text += " (float32)"
         return text
+
+
+def _bound(value: float) -> str:
+    """A bound as messages print it: float32's limit to 7 digits, which round inward (a value
+    typed as printed is accepted); any other bound as given."""
+    return f"{value:.7g}" if abs(value) == FLOAT32_MAX else str(value)
 
 
 def _resolved_type(cls: type, name: str) -> type:
@@ -363,10 +380,15 @@ def key_specs(cls: type = ExperimentConfig) -> dict[str, KeySpec]:
         for f in dataclasses.fields(section_cls):
             key = f"{section.name}.{f.name}"
             meta = f.metadata
+            kind = _resolved_type(section_cls, f.name)
+            low, high = meta["low"], meta["high"]
+            if kind in _HOLDS:  # never past what the number's tensor holds
+                least, most = _HOLDS[kind]
+                low = least if low is None else max(low, least)
+                high = most if high is None else min(high, most)
             specs[key] = KeySpec(
-                key, _resolved_type(section_cls, f.name), f.default, meta["help"],
-                meta["choices"], meta["registry"], meta["many"], meta["low"], meta["high"],
-                meta["path"],
+                key, kind, f.default, meta["help"], meta["choices"], meta["registry"],
+                meta["many"], low, high, meta["path"],
             )
     return specs
 

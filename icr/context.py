@@ -2,13 +2,19 @@
 
 A task registers the capabilities it provides (``@TASKS.register("retrieval", provides=(...))``)
 and hands them out after training (``Task.capabilities()``); a dataset registers those that come
-with its files (``@DATASETS.register("shapes", provides=(Scenes, ImageFiles))``). An analysis
-registers the task kind it runs on and the capabilities it needs
-(``@ANALYSES.register("cocos", task="retrieval", needs=(Embeddings, RetrievalInputs))``) and reads
-them, typed, from its :class:`TaskContext`: ``context.get(Embeddings).embed("train")``. Nothing is
-probed with ``hasattr``: :func:`icr.train.analyses.check_analyses` matches the declarations from the
-config alone when a study is planned, so an analysis that cannot run on a condition is a one-line
-error before anything starts.
+with its files (``@DATASETS.register("shapes", provides=(Scenes, ImageFiles))``) and its source
+hands them out (``DatasetSource.capabilities()``). An analysis registers the task kind it runs on
+and the capabilities it needs (``@ANALYSES.register("cocos", task="retrieval", needs=(Embeddings,
+RetrievalInputs))``) and reads them, typed, from its :class:`TaskContext`:
+``context.get(Embeddings).embed("train")``. Nothing is probed with ``hasattr``:
+:func:`icr.train.analyses.check_analyses` matches the declarations from the config alone when a
+study is planned, so an analysis that cannot run on a condition is a one-line error before
+anything starts.
+
+This module knows no task: the capabilities here are what any model or dataset of a kind can offer
+(embeddings, attention, ground truth, image files). A capability that carries one task's own data
+lives beside that task (:class:`icr.train.retrieval_data.RetrievalInputs`,
+:class:`icr.grounding.train.GroundingInputs`), so a new task adds its own without editing this one.
 """
 
 from __future__ import annotations
@@ -24,9 +30,6 @@ if TYPE_CHECKING:
     from torch import Tensor
 
     from icr.config import ExperimentConfig
-    from icr.data.datasets import DatasetSource
-    from icr.data.pipeline import PreparedData
-    from icr.grounding.train import GroundingData
 
 
 class Capability:
@@ -44,7 +47,7 @@ class Embedder(Protocol):
         ...
 
 
-# ------------------------------------------------------------------------- what tasks provide
+# ---------------------------------------------------------------- what trained models provide
 
 
 @dataclass(frozen=True)
@@ -63,23 +66,6 @@ class InitialEmbeddings(Capability):
 
     about: ClassVar[str] = "the retrieval model at its initialisation"
     build: Callable[[], Embedder]
-
-
-@dataclass(frozen=True)
-class RetrievalInputs(Capability):
-    """What a retrieval model reads, as prepared: its splits, vocabulary and images (pixels or
-    regions, before any cached backbone features)."""
-
-    about: ClassVar[str] = "the retrieval inputs (splits, vocabulary, images)"
-    data: PreparedData
-
-
-@dataclass(frozen=True)
-class GroundingInputs(Capability):
-    """What a grounding model reads: its splits, word features and negative captions."""
-
-    about: ClassVar[str] = "the grounding inputs (splits, word features, negative captions)"
-    data: GroundingData
 
 
 @dataclass(frozen=True)
@@ -109,18 +95,6 @@ class ImageFiles(Capability):
 
     about: ClassVar[str] = "the image files"
     folder: Path
-
-
-def dataset_capabilities(source: DatasetSource | None) -> tuple[Capability, ...]:
-    """What comes with a dataset's files: its ground truth and its image folder, when present."""
-    if source is None:
-        return ()
-    found: list[Capability] = []
-    if source.ground_truth is not None:
-        found.append(Scenes(source.root))
-    if (source.root / "images").is_dir():
-        found.append(ImageFiles(source.root / "images"))
-    return tuple(found)
 
 
 # ---------------------------------------------------------------------------- the context

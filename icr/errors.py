@@ -6,6 +6,8 @@ print the message and exit with code 2; anything else is a bug and keeps its tra
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 
 class UserError(Exception):
     """A mistake in the user's input (config, files, command line), reported in one line."""
@@ -21,3 +23,21 @@ class DataError(UserError):
 
 class TrainingError(UserError):
     """A run that cannot go on, e.g. a non-finite loss."""
+
+
+def step_error(error: Exception, *, epoch: int, step: int, keys: Mapping[str, object]
+               ) -> TrainingError:
+    """``error``, raised inside training step ``step`` of ``epoch`` (both 0-based), as one line
+    that says where, what, and the values of the config keys of the components the step ran
+    (``keys``): a bare torch message names neither the step nor the setting behind it.
+
+    The new error carries ``error``'s traceback (the step's frames down to where it was raised)
+    and is meant to be raised ``from None``: the innermost exception of its chain, it is the line
+    a study records for the failed trial.
+    """
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    what = f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+    values = ", ".join(f"{key}={value}" for key, value in keys.items())
+    settings = f" with {values}; check those values" if values else ""
+    return TrainingError(f"the training step failed at epoch {epoch + 1}, step {step + 1} "
+                         f"({what}){settings}").with_traceback(error.__traceback__)

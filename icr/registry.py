@@ -130,6 +130,20 @@ class Registry(Generic[T]):
                               f"options: {', '.join(accepted) or 'none'}")
         return functools.partial(builder, **options)
 
+    def section_options(self, name: str, section: Any) -> dict[str, Any]:
+        """The options of ``name`` as ``section`` sets them: the values of its builder's
+        parameters that are fields of the section (:meth:`options`)."""
+        return {p: getattr(section, p) for p in self.options(name)}
+
+    def arguments(self, name: str, section: Any = None, /, **offered: Any) -> dict[str, Any]:
+        """What the builder of ``name`` takes of a config section and of ``offered``: its
+        options from ``section`` and the offered values its signature names (an offered value
+        wins over a section field of the same name). For builders that take different things
+        (one generator wants a masked LM, another a seed): each gets what it names."""
+        accepted = inspect.signature(self.get(name)).parameters
+        options = self.section_options(name, section) if section is not None else {}
+        return options | {k: v for k, v in offered.items() if k in accepted}
+
     def build(self, name: str, section: Any = None, /, **context: Any) -> Any:
         """Call the builder of ``name`` with its options from ``section`` and the ``context``.
 
@@ -137,13 +151,13 @@ class Registry(Generic[T]):
         it takes precedence over a section field of the same name.
         """
         builder = self.get(name)
-        options = {p: getattr(section, p) for p in self.options(name) if p not in context}
         accepted = inspect.signature(builder).parameters
         takes_any = any(p.kind is p.VAR_KEYWORD for p in accepted.values())
         unknown = sorted(k for k in context if k not in accepted and not takes_any)
         if unknown:
             raise TypeError(f"{self.kind} {name!r} takes no argument {unknown[0]!r}")
-        return builder(**options, **context)
+        options = self.section_options(name, section) if section is not None else {}
+        return builder(**(options | context))
 
     def __contains__(self, name: object) -> bool:
         self._discover()

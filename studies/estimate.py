@@ -1,12 +1,13 @@
 """``--plan``: what a study will run and what it will cost, without running it.
 
 Per condition: the search trials (a grid's points, else the budget), the confirmation runs, the
-epochs of a trial, the optimiser steps of an epoch (from the dataset's training split, read when
-its files are present, else from the sizes of the datasets the paper trained on,
-:data:`REFERENCE_DATASETS`), and the local files the configuration needs (present or not). With
-``--calibrate N`` each condition trains ``N`` steps of its first epoch and of its first fine-tune
-epoch on the device at hand and evaluates once on validation; from those times the study's wall
-time and its device-hours follow:
+epochs of a trial, the optimiser steps of an epoch (from the size of the dataset's training
+split, which icr reads from its files when they are present,
+:func:`icr.data.datasets.training_size`; else from the sizes of the datasets the paper trained
+on, :data:`REFERENCE_DATASETS`), and the local files the configuration needs (present or not).
+With ``--calibrate N`` each condition trains ``N`` steps of its first epoch and of its first
+fine-tune epoch on the device at hand and evaluates once on validation; from those times the
+study's wall time and its device-hours follow:
 
     epoch time   = median step time x steps per epoch + validation and per-epoch costs
     trial epochs = search trials x E[epochs of a searched trial] + seeds x epochs
@@ -29,14 +30,12 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from icr.config import ExperimentConfig, from_flat, key_specs, to_flat, used_keys
-from icr.data import karpathy
+from icr.data.datasets import training_size
 from icr.data.sampler import steps_per_epoch
-from icr.data.synthetic.writer import PRESETS
 from icr.train.loop import configure_backends, resolve_device
 from icr.train.tasks import build_task
 from icr.train.timing import time_epoch
@@ -127,33 +126,6 @@ def needs(config: ExperimentConfig) -> tuple[Need, ...]:
     return tuple(out)
 
 
-def training_split(config: ExperimentConfig, workspace: Any) -> tuple[int, int] | None:
-    """(training captions, training images) when the dataset's files are present, read without
-    preparing anything (the embedded benchmark: once generated); else ``None``."""
-    data = config.data
-    if data.dataset == "shapes":
-        root = Path(data.root) if data.root else workspace.data / f"shapes-{data.preset}-{data.seed}"
-        path = root / "dataset_shapes.json"
-        if not path.is_file():
-            preset = PRESETS[data.preset]  # generated before the first trial
-            return preset.train * preset.captions_per_image, preset.train
-    elif data.dataset == "karpathy":
-        path = Path(data.karpathy_json)
-        if not path.is_file():
-            return None
-    elif data.dataset == "precomp":
-        caps = Path(data.precomp_dir) / "train_caps.txt"
-        if not caps.is_file():
-            return None
-        with caps.open(encoding="utf-8") as f:
-            captions = sum(1 for line in f if line.strip())
-        return captions, captions // 5  # SCAN's precomputed folders: 5 captions an image
-    else:
-        return None
-    train = karpathy.load_karpathy(path, "train", image_root=path.parent)
-    return train.num_captions, train.num_images
-
-
 def plan_costs(plan: StudyPlan) -> list[ConditionCost]:
     study = plan.study
     out = []
@@ -164,7 +136,7 @@ def plan_costs(plan: StudyPlan) -> list[ConditionCost]:
         epochs = config.epochs
         per_trial = (asha_expected_epochs(epochs, study.grace_period, study.reduction_factor)
                      if plan.early_stopping else float(epochs))
-        sizes = training_split(config, plan.workspace)
+        sizes = training_size(config, plan.workspace)
         steps = None if sizes is None else _steps(config, *sizes)
         references = () if sizes is not None else tuple(
             (REFERENCE_DATASETS[name][0], REFERENCE_DATASETS[name][1],

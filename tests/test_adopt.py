@@ -10,7 +10,7 @@ import torch
 
 from icr.losses import build_loss
 from icr.losses.adopt import adopt_k, adopt_k_tensor, adopt_loss
-from icr.losses.contrastive import LOSSES, loss_options, split_output
+from icr.losses.contrastive import LOSSES, split_output
 
 # ---------------------------------------------------------------- plain-loop oracle
 
@@ -155,7 +155,7 @@ def test_batch_of_one_gives_zero_loss():
 
 def test_adopt_is_registered_with_its_options():
     assert "adopt" in LOSSES
-    assert loss_options("adopt") == ["margin", "tau"]
+    assert LOSSES.options("adopt") == ["margin", "tau"]
     sims = _sims(6)
     bound = build_loss("adopt", margin=0.1, tau=0.1)
     torch.testing.assert_close(bound(sims).loss, adopt_loss(sims, margin=0.1, tau=0.1).loss)

@@ -12,18 +12,12 @@ import torch
 from icr.analysis import ANALYSES
 from icr.analysis.cocos import COCOS_COUNTERS
 from icr.config import from_flat
-from icr.context import (
-    Capability,
-    Embeddings,
-    InitialEmbeddings,
-    RetrievalInputs,
-    Scenes,
-    TaskContext,
-)
+from icr.context import Capability, Embeddings, InitialEmbeddings, Scenes, TaskContext
 from icr.data.datasets import DATASETS
 from icr.errors import ConfigError
 from icr.losses import LOSSES
 from icr.train.analyses import check_analyses
+from icr.train.retrieval_data import RetrievalInputs
 from icr.train.tasks import TASKS
 
 TINY = {

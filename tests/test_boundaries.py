@@ -182,3 +182,37 @@ def test_the_lazy_import_check_reads_the_comment_on_the_line_or_above(tmp_path):
     assert _bare_imports_inside_functions(tmp_path) == [
         "icr/m.py:6: import re", "icr/m.py:7: import ast  # lazy:", "icr/m.py:10: import io",
         "icr/m.py:12: import abc  # not lazy: a comment of another kind"]
+
+
+def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for nxt in graph[todo.pop()] - seen:
+            seen.add(nxt)
+            todo.append(nxt)
+    return seen
+
+
+def test_the_data_layer_and_the_context_know_no_model_metric_or_task():
+    """icr.data and icr.context sit below the models, the metrics and the tasks: what a model
+    reads is decided by its task (icr.train.retrieval_data, icr.grounding.train), and a task's own
+    payload types live beside it, so a new task edits neither layer."""
+    graph = _import_graph()
+    above = ("icr.models", "icr.metrics", "icr.losses", "icr.objectives", "icr.train",
+             "icr.grounding", "icr.analysis")
+    low = [m for m in graph if m == "icr.context" or m.startswith("icr.data")]
+    assert "icr.data.pipeline" in low and "icr.data.datasets" in low
+    reached = {m: sorted(n for n in _reachable(graph, m) if n.startswith(above)) for m in low}
+    assert not any(reached.values()), {m: r for m, r in reached.items() if r}
+
+
+def test_the_context_names_no_tasks_type_not_even_for_type_checking():
+    """A capability that carries a task's own data (RetrievalInputs, GroundingInputs) lives
+    beside its task: icr.context, which the lowest data module imports, names only the config
+    and the errors, in annotations too (a task's payload type there closed a circle of types)."""
+    import ast
+
+    path = Path(__file__).resolve().parents[1] / "icr" / "context.py"
+    named = {node.module for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("icr")}
+    assert named <= {"icr.config", "icr.errors"}, sorted(named)

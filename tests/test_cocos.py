@@ -251,3 +251,20 @@ def test_batches_without_a_contributing_query_count_zero_in_the_mean():
     # image queries contribute in every batch (each image's positives score close): equal means
     assert got["cocos_i2t_contributing_mean"] == got["cocos_i2t_contributing_nonempty_mean"]
     assert got["cocos_batches"] == 3
+
+
+@pytest.mark.parametrize(("name", "option"), [("triplet", {"margin": 0.5}), ("infonce", {"tau": 0.3})])
+def test_live_cocos_counts_with_the_losss_options_from_the_config(name, option):
+    # The loss, its warm-up form and its counters read their options in one place
+    # (icr.losses.contrastive.config_options): the counter sees the run's margin / tau.
+    from icr.config import from_flat
+    from icr.losses import config_options
+    from icr.train.retrieval import live_cocos
+
+    config = from_flat({"loss.name": name, **{f"loss.{k}": v for k, v in option.items()}})
+    assert config_options(config.loss) == option
+    live = live_cocos(config)(SIMS_3X3, None)
+    expected = build_counter(name, **option)(SIMS_3X3)
+    assert live == {f"cocos_{k}": v for k, v in expected.items() if not math.isnan(v)}
+    default = build_counter(name)(SIMS_3X3)
+    assert any(default[k] != expected[k] for k in expected)  # the option changes the counts

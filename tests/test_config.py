@@ -103,6 +103,20 @@ def test_used_keys_follow_the_chosen_components(flat, present, absent):
     assert {"train.seed", "loss.name", "objective.name", "eval.analyses"} <= used
 
 
+@pytest.mark.parametrize(
+    ("generator", "absent"),
+    [("context", set()), ("random", {"grounding.mlm_candidates", "grounding.mlm_path"}),
+     ("none", {"grounding.num_negatives", "grounding.mlm_candidates", "grounding.mlm_path"})],
+)
+def test_the_negative_generators_options_are_used_by_the_generators_that_read_them(generator,
+                                                                                   absent):
+    # Their registry is tied to grounding.*: a generator's options are the fields it takes.
+    negatives = {"grounding.num_negatives", "grounding.mlm_candidates", "grounding.mlm_path"}
+    used = set(used_keys(from_flat({"task.name": "grounding", "grounding.negatives": generator})))
+    assert negatives - absent <= used and not (absent & used)
+    assert {"grounding.word_model", "grounding.lang_weight", "train.seed"} <= used
+
+
 def test_every_registry_reads_only_known_keys():
     from icr.registry import resolve
 
@@ -142,3 +156,79 @@ def test_image_keys_used_per_encoder(encoder):
     options = {f"image.{p}" for p in IMAGE_ENCODERS.options(encoder)}
     pixel_keys = {"image.frozen", "image.random_erasing"}
     assert used == {"image.encoder"} | options | (pixel_keys if pixels else set())
+
+
+# --------------------------------------------------------------- what a tensor can hold
+
+
+def test_the_float32_bound_is_torchs():
+    import torch
+
+    from icr.config import FLOAT32_MAX, INT64_MAX, INT64_MIN
+
+    assert torch.finfo(torch.float32).max == FLOAT32_MAX
+    assert (torch.iinfo(torch.int64).min, torch.iinfo(torch.int64).max) == (INT64_MIN, INT64_MAX)
+
+
+def test_every_number_key_is_bounded_by_what_its_tensor_holds():
+    from icr.config import FLOAT32_MAX, INT64_MAX, INT64_MIN
+
+    for key, spec in key_specs().items():
+        if spec.type is float:
+            assert -FLOAT32_MAX <= spec.low <= spec.high <= FLOAT32_MAX, key
+        elif spec.type is int:
+            assert INT64_MIN <= spec.low <= spec.high <= INT64_MAX, key
+
+
+@pytest.mark.parametrize("key", [k for k, s in key_specs().items() if s.type is float])
+def test_a_float_beyond_float32_is_refused_naming_the_key(key):
+    import torch
+
+    with pytest.raises(ConfigError, match=rf"^{key}='1e39' is out of range; {key} is a number"):
+        from_flat({key: "1e39"})
+    spec = key_specs()[key]
+    if spec.high > 1e38:  # the largest value the message prints is accepted, and torch holds it
+        printed = float(spec.describe().split(", ")[1].split("]")[0])
+        value = getattr(getattr(from_flat({key: printed}), key.split(".")[0]), key.split(".")[1])
+        assert torch.tensor(value, dtype=torch.float32).isfinite()
+
+
+def test_the_lagrangian_multiplier_at_the_largest_accepted_bound_builds_and_steps():
+    # 1e39 made every trial fail inside its first step: torch cannot put it into a float32.
+    import torch
+
+    from icr.objectives import build_objective
+
+    high = key_specs()["objective.lambda_max"].high
+    config = from_flat({"objective.name": "lagrangian", "objective.lambda_max": high,
+                        "objective.lambda_init": high})
+    objective = build_objective(config.objective)
+    objective(torch.tensor(1.0), torch.tensor(0.1))
+    objective.step()  # the projection into [0, lambda_max]: what overflowed with 1e39
+    assert objective.lambda_value <= high
+
+
+def test_an_integer_beyond_int64_is_refused_naming_the_key():
+    with pytest.raises(ConfigError, match=r"^train.seed='9223372036854775808' is out of range"):
+        from_flat({"train.seed": str(2**63)})
+
+
+def test_the_cli_refuses_a_value_float32_cannot_hold_with_one_line_and_exit_2(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    workspace = tmp_path / "ws"
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "MLFLOW_DISABLE_TELEMETRY": "true"}
+    result = subprocess.run(
+        [sys.executable, "-m", "studies.run", "ltd_bound", "--set", "objective.lambda_max=1e39",
+         "objective.lambda_init=1e39", "--workspace", str(workspace), "--no-dashboard"],
+        cwd=Path(__file__).resolve().parent.parent, env=env, capture_output=True, text=True,
+        timeout=120)
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: objective.lambda_max='1e39' is out of "
+                                                   "range"), lines
+    assert "float32" in lines[0] and "Traceback" not in result.stderr
+    assert not workspace.exists()  # refused before anything was written

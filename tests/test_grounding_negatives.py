@@ -3,12 +3,14 @@ features; a tiny BERT built from a config and a tiny tokenizer in tmp_path (noth
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
+from icr.config import GroundingConfig
 from icr.errors import ConfigError, DataError
 from icr.grounding import mlm
 from icr.grounding.mlm import (
@@ -137,7 +139,7 @@ def test_context_generator_maps_columns_to_nouns_and_skips_captions_without_noun
                 [0.40, 0.25, 0.20, 0.10, 0.05], [0.70, 0.01, 0.20, 0.01, 0.08])
     tokens = [["A", "red", "circle."], ["Two", "things."], ["A", "star", "on", "the", "left."]]
     out = context_substitutes(tokens, np.array([2, -1, 1]), lm.nouns, masked_lm=lambda: lm,
-                              num_negatives=2, num_candidates=4, show_progress=False)
+                              num_negatives=2, mlm_candidates=4, show_progress=False)
     assert out[0] == ("square", "star")
     assert out[1] == ()
     # for "star" the true noun is star: candidates circle, square, box, cross
@@ -247,9 +249,9 @@ def test_context_negatives_are_cached_and_a_hit_never_loads_the_model(tmp_path, 
                                                                      monkeypatch):
     captions = _captions(30) + ["Nothing to see"]
     positions = [[2, 5] for _ in captions[:-1]] + [[]]
-    kwargs = dict(num_negatives=3, num_candidates=4, encoder=encoder, mlm_epochs=2,
-                  show_progress=False)
-    first = negative_captions("context", captions, positions, tmp_path, **kwargs)
+    section = GroundingConfig(negatives="context", num_negatives=3, mlm_candidates=4)
+    kwargs = dict(encoder=encoder, mlm_epochs=2, show_progress=False)
+    first = negative_captions(section, captions, positions, tmp_path, **kwargs)
     assert first.word_index[-1] == -1 and first.substitutes[-1] == () and first.true_words[-1] == ""
     for c in range(len(captions) - 1):
         assert first.true_words[c] == normalise_word(captions[c].split()[first.word_index[c]])
@@ -260,12 +262,12 @@ def test_context_negatives_are_cached_and_a_hit_never_loads_the_model(tmp_path, 
         raise AssertionError("the masked LM was loaded on a cache hit")
 
     monkeypatch.setattr(mlm, "load_masked_noun_model", refuse)
-    second = negative_captions("context", captions, positions, tmp_path, **kwargs)
+    second = negative_captions(section, captions, positions, tmp_path, **kwargs)
     assert second.substitutes == first.substitutes
     np.testing.assert_array_equal(second.word_index, first.word_index)
     with pytest.raises(AssertionError, match="cache hit"):  # other options: a miss, recomputed
-        negative_captions("context", captions, positions, tmp_path,
-                          **{**kwargs, "num_negatives": 2})
+        negative_captions(dataclasses.replace(section, num_negatives=2), captions, positions,
+                          tmp_path, **kwargs)
 
 
 def test_negative_captions_json_round_trip_and_tokens():
@@ -279,7 +281,7 @@ def test_negative_captions_json_round_trip_and_tokens():
 
 def test_too_few_nouns_is_a_data_error(tmp_path):
     with pytest.raises(DataError, match="at least 2 nouns"):
-        negative_captions("random", ["a circle"], [[1]], tmp_path)
+        negative_captions(GroundingConfig(negatives="random"), ["a circle"], [[1]], tmp_path)
 
 
 def test_candidate_features_match_direct_encoding_and_are_cached(tmp_path, encoder,

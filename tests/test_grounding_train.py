@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from icr.config import GroundingConfig
 from icr.data.datasets import DatasetSource
 from icr.grounding.train import GroundingData, GroundingTask, prepare_grounding_data
 from icr.grounding.words import WordEncoder
@@ -47,8 +48,8 @@ def inputs(tmp_path_factory) -> tuple[DatasetSource, Path, WordEncoder]:
 @pytest.fixture(scope="module")
 def data(inputs) -> GroundingData:
     source, cache, encoder = inputs
-    return prepare_grounding_data(source, cache, negatives="random", num_negatives=4,
-                                  lang_negatives=2, encoder=encoder)
+    return prepare_grounding_data(source, cache, GroundingConfig(negatives="random",
+                                  num_negatives=2), encoder=encoder)
 
 
 def _task(data: GroundingData, **overrides) -> GroundingTask:
@@ -89,18 +90,21 @@ def test_the_none_generator_runs_through_its_builder_and_leaves_l_lang_out(input
     from icr.grounding.negatives import negative_captions, noun_positions
 
     captions = list(data.splits["train"].captions)
-    made = negative_captions("none", captions, noun_positions(captions), None)
+    made = negative_captions(GroundingConfig(negatives="none"), captions,
+                             noun_positions(captions), None)
     assert made.generator == "none" and len(made) == len(captions) and not made.has_substitutes
     assert (made.word_index >= 0).any()  # a noun is masked as for any generator, none replaced
     source, cache, encoder = inputs
-    plain = prepare_grounding_data(source, cache, negatives="none", encoder=encoder)
+    plain = prepare_grounding_data(source, cache, GroundingConfig(negatives="none"),
+                                   encoder=encoder)
     assert plain.negatives is None and plain.candidates is None
     assert set(_task(plain).train_epoch(0)) == {"train_loss", "train_L_img"}
     assert data.negatives is not None and data.negatives.has_substitutes
 
 
 def test_the_task_offers_what_it_registered(data):
-    from icr.context import Attention, GroundingInputs, ImageFiles, Scenes
+    from icr.context import Attention, ImageFiles, Scenes
+    from icr.grounding.train import GroundingInputs
     from icr.train.tasks import TASKS
 
     offered = {type(c): c for c in _task(data).capabilities()}
@@ -211,3 +215,28 @@ def test_fit_trains_the_grounding_task_from_a_config(tmp_path, data):
     want = tagger_accuracy(data.splits["train"].captions)
     assert final.metrics["tagger/content_accuracy"] == pytest.approx(want["content_accuracy"])
     assert 0.8 < final.metrics["tagger/noun_adjective_accuracy"] <= 1.0
+    # What an error inside one of its steps would name: the model's, the losses' and the
+    # optimiser's keys with this run's values (the data is cached now: building is quick).
+    from icr.grounding.train import grounding
+
+    task = grounding(config, Workspace(tmp_path / "ws"), torch.device("cpu"))
+    assert {"grounding.model": "word_region", "grounding.key_dim": 8, "grounding.lang_weight": 1.0,
+            "optim.name": "adam", "optim.lr": 3e-3}.items() <= task.step_keys.items()
+    assert all(k.startswith(("grounding.", "optim.")) for k in task.step_keys)
+    assert "grounding.word_model" not in task.step_keys
+
+
+def test_an_error_inside_a_step_names_the_step_and_its_keys(data):
+    from icr.errors import TrainingError
+
+    # optim.lr=1e39 is refused by the config now; given to the task directly, Adam's update
+    # cannot put it into a float32, inside the step
+    task = _task(data, optimizer="adam", lr=1e39,
+                 step_keys={"grounding.model": "word_region", "optim.lr": 1e39})
+    with pytest.raises(TrainingError, match=r"^the training step failed at epoch 1, step 1 "
+                                            r"\(RuntimeError: value cannot be converted to type "
+                                            r"float without overflow\) with "
+                                            r"grounding.model=word_region, optim.lr=1e\+39; "
+                                            r"check those values$") as caught:
+        task.train_epoch(0)
+    assert caught.value.__cause__ is None

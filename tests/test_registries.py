@@ -146,3 +146,36 @@ def test_a_registry_tied_to_a_section_names_a_section_of_the_config(path):
         return
     sections = {f.name: f.default_factory() for f in dataclasses.fields(ExperimentConfig)}
     assert type(sections[registry.section]) is registry.section_type
+
+
+def test_arguments_take_section_options_and_only_the_offered_values_a_builder_names():
+    """What a negative generator gets: its options from the config section, and of the offered
+    values only those its signature names (a masked LM for one, a seed for another)."""
+    from dataclasses import dataclass
+
+    from icr.errors import ConfigError
+    from icr.registry import Registry
+
+    @dataclass(frozen=True)
+    class ThingConfig:
+        size: int = 3
+        scale: float = 0.5
+
+    things = Registry("thing", section=ThingConfig)
+
+    @things.register("sized")
+    def sized(*, size: int, seed: int = 0) -> tuple[int, int]:
+        return size, seed
+
+    @things.register("plain")
+    def plain(*, lm: object = None) -> object:
+        return lm
+
+    section = ThingConfig(size=7)
+    assert things.section_options("sized", section) == {"size": 7}
+    assert things.arguments("sized", section, seed=4, lm="x") == {"size": 7, "seed": 4}
+    assert things.arguments("plain", section, seed=4, lm="x") == {"lm": "x"}
+    assert things.arguments("sized", section, size=9) == {"size": 9}  # offered wins
+    assert things.build("sized", section, seed=2) == (7, 2)
+    with pytest.raises(ConfigError, match="unknown thing 'other'"):
+        things.arguments("other", section)

@@ -248,3 +248,43 @@ def test_a_triplet_run_trains_its_warmup_epochs_on_all_negatives(workspace):
     sims = torch.randn(5, 5, generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(task.loss_for_epoch(0)(sims), triplet_all_loss(sims, margin=0.3))
     torch.testing.assert_close(task.loss_for_epoch(1)(sims), triplet_loss(sims, margin=0.3))
+
+
+def test_an_error_inside_a_step_names_the_step_and_the_keys_of_its_loss_and_objective(workspace):
+    """A value past the up-front checks (1e39 is refused by the config now; set here on the
+    dataclass directly) made every trial fail with torch's bare message at the multiplier's
+    clamp; the error names the epoch, the step and the loss's and objective's settings."""
+    import dataclasses
+    import traceback
+
+    from icr.train.retrieval import retrieval
+
+    config = tiny(decoder__name="itd", objective__name="lagrangian", train__finetune_epochs=0)
+    objective = dataclasses.replace(config.objective, lambda_init=1e39, lambda_max=1e39)
+    task = retrieval(dataclasses.replace(config, objective=objective), workspace,
+                     torch.device("cpu"))
+    expected = (r"^the training step failed at epoch 1, step 1 \(RuntimeError: value cannot be "
+                r"converted to type float without overflow\) with loss.name=infonce, "
+                r"loss.tau=0.05, objective.name=lagrangian, objective.eta=0.15, "
+                r"objective.lambda_init=1e\+39, objective.lambda_max=1e\+39, "
+                r"objective.lambda_lr=0.005, .*, optim.name=adamw, optim.lr=0.0002, .*; check "
+                r"those values$")
+    with pytest.raises(TrainingError, match=expected) as caught:
+        task.train_epoch(0)
+    assert caught.value.__cause__ is None  # the innermost error: what a study records
+    frames = [frame.name for frame in traceback.extract_tb(caught.value.__traceback__)]
+    # the step's frames are kept, down to the multiplier's projection that raised
+    assert frames.index("train_epoch") < frames.index("train_step") and frames[-1] == "step"
+
+
+def test_a_config_error_inside_a_step_is_not_rewrapped(workspace, monkeypatch):
+    from icr.train.retrieval import retrieval
+
+    task = retrieval(tiny(train__finetune_epochs=0), workspace, torch.device("cpu"))
+
+    def refuse(*args):
+        raise ConfigError("objective.name=dual needs a decoder")
+
+    monkeypatch.setattr(task, "train_step", refuse)
+    with pytest.raises(ConfigError, match="^objective.name=dual needs a decoder$"):
+        task.train_epoch(0)

@@ -26,17 +26,11 @@ import torch
 from icr.analysis import ANALYSES
 from icr.analysis.probe import ProbeResult, probe, split_targets
 from icr.config import ExperimentConfig
-from icr.context import (
-    Embedder,
-    Embeddings,
-    InitialEmbeddings,
-    RetrievalInputs,
-    Scenes,
-    TaskContext,
-)
+from icr.context import Embedder, Embeddings, InitialEmbeddings, Scenes, TaskContext
 from icr.data.captions import VocabInput
 from icr.data.pipeline import PreparedData, encode_split_captions
 from icr.data.synthetic import load_scenes
+from icr.train.retrieval_data import RetrievalInputs
 
 MIN_POSITIVES = 20  # a value is probed only with this many positives and negatives per split
 

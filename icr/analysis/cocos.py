@@ -64,12 +64,13 @@ from torch import Tensor
 
 from icr.analysis import ANALYSES
 from icr.config import ExperimentConfig
-from icr.context import Embeddings, RetrievalInputs, TaskContext
+from icr.context import Embeddings, TaskContext
 from icr.data.sampler import build_batch_sampler
 from icr.errors import ConfigError
-from icr.losses.contrastive import LOSSES, negative_mask
+from icr.losses.contrastive import config_options, negative_mask
 from icr.losses.smoothap import image_caption_matrix, positive_slots, smooth_step
 from icr.registry import Registry
+from icr.train.retrieval_data import RetrievalInputs
 
 logger = logging.getLogger(__name__)
 
@@ -348,8 +349,7 @@ def cocos_analysis(*, context: TaskContext) -> Callable[[Path], dict[str, float]
     counter of the run's own loss and its options: ``cocos/{i2t,t2i}_{key}_{mean,std}``."""
     config = context.config
     _has_counter(config)
-    name = config.loss.name
-    options = {k: getattr(config.loss, k) for k in LOSSES.options(name)}
+    name, options = config.loss.name, config_options(config.loss)
     embeddings = context.get(Embeddings)
     caption_image = torch.as_tensor(context.get(RetrievalInputs).data.splits["train"].caption_image)
 

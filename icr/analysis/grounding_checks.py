@@ -24,8 +24,9 @@ import torch
 from PIL import Image
 
 from icr.analysis import ANALYSES
-from icr.context import Attention, GroundingInputs, ImageFiles, Scenes, TaskContext
+from icr.context import Attention, ImageFiles, Scenes, TaskContext
 from icr.grounding import quality, words
+from icr.grounding.train import GroundingInputs
 from icr.metrics.grounding import phrase_region_scores
 
 EXAMPLES = 4  # test images drawn per run

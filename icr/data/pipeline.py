@@ -1,8 +1,8 @@
-"""From a config to tensors: the assets a trial needs, prepared once and cached on disk.
+"""The data side of preparing a trial: splits, images, vocabularies and caption tables, cached.
 
-:func:`prepare_data` loads the splits (generating the embedded benchmark on first use), builds the
-vocabulary from the training split, loads the word vectors, the latent targets (LTD), the nDCG
-relevance matrices and the CxC extended positives. Everything expensive is cached under
+A task composes these into what its model reads, adding what depends on the model (the caption
+input, the pixel normalisation, the ROUGE-L relevance): for retrieval
+:func:`icr.train.retrieval_data.prepare_data`. This module knows no model. Everything expensive is cached under
 ``<workspace>/cache`` keyed by a fingerprint of its inputs, so the trials of a study (and a second
 study) find it ready. Image inputs stay in their files (:class:`~icr.data.images.SplitImages`,
 memory-mapped); :mod:`icr.data.batches` makes training batches of them.
@@ -11,7 +11,6 @@ memory-mapped); :mod:`icr.data.batches` makes training batches of them.
 from __future__ import annotations
 
 import hashlib
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,32 +18,15 @@ import numpy as np
 import torch
 from PIL import Image
 
-from icr.config import ExperimentConfig, used_keys
-from icr.data import cxc, precomp
-from icr.data.captions import (
-    CaptionInput,
-    CaptionTable,
-    VocabInput,
-    WordpieceInput,
-    load_table,
-    save_table,
-)
-from icr.data.datasets import SPLITS, DatasetSource, load_source
-from icr.data.glove import embedding_matrix, load_glove
+from icr.config import ExperimentConfig
+from icr.data import precomp
+from icr.data.captions import CaptionInput, CaptionTable, load_table, save_table
+from icr.data.datasets import SPLITS, DatasetSource
 from icr.data.images import PixelNorm, SplitImages
-from icr.data.relevance import load_relevance
-from icr.data.targets import latent_targets
 from icr.data.types import CaptionedImages
 from icr.data.vocab import Vocabulary
 from icr.errors import ConfigError, DataError
 from icr.io import save_npy_atomic
-from icr.metrics.relevance import cached_relevance
-from icr.models.build import caption_input_kind
-from icr.models.image import IMAGE_ENCODERS
-from icr.models.tokens import load_bert_tokenizer
-from icr.workspace import Workspace
-
-log = logging.getLogger(__name__)
 
 # ImageNet statistics: what pretrained torchvision backbones expect; harmless from scratch.
 _MEAN = (0.485, 0.456, 0.406)
@@ -80,38 +62,6 @@ class PreparedData:
         return self.source.root
 
 
-def prepare_data(
-    config: ExperimentConfig, workspace: Workspace, device: torch.device | None = None
-) -> PreparedData:
-    """Load or build every asset a trial of ``config`` needs (cached; see module docstring)."""
-    source = load_source(config, workspace)
-    splits = source.splits
-    cache = workspace.cache
-    images = {s: image_inputs(config, source, splits[s], cache) for s in SPLITS}
-    vocab = cached_vocabulary(splits["train"], config.text.vocab_min_count, cache)
-    captions = caption_input(config, vocab)
-    pixels = pixel_normalizer(config)
-    word_vectors = None
-    if "text.glove" in used_keys(config) and config.text.glove != "none":
-        path = None if config.text.glove == "glove-6b-50d" else config.text.glove
-        vectors = load_glove(path, dim=config.text.word_dim, cache_dir=cache / "glove")
-        generator = torch.Generator().manual_seed(config.train.seed)
-        word_vectors = embedding_matrix(vocab, vectors, config.text.word_dim, generator)
-    targets = None
-    if "decoder.target_model" in used_keys(config):  # a decoder that reconstructs latent targets
-        targets = latent_targets(
-            list(splits["train"].captions), cache / "targets", model=config.decoder.target_model,
-            device=str(device) if device is not None else None,
-        )
-    assets = {s: eval_assets(config, source, splits[s], cache) for s in ("val", "test")}
-    tables = {s: cached_table(captions, splits[s], cache) for s in SPLITS}
-    clean = VocabInput(vocab, config.text.max_len, 0.0, 0.0)
-    vocab_table = (tables["train"] if clean.key() == captions.key()
-                   else cached_table(clean, splits["train"], cache))
-    return PreparedData(source, splits, images, pixels, vocab, captions, word_vectors, targets,
-                        assets, data_fingerprint(splits), tables, vocab_table)
-
-
 def cached_table(source: CaptionInput, split: CaptionedImages, cache: Path) -> CaptionTable:
     """The split's captions tokenised by ``source``, cached as one memory-mapped file: COCO's
     566,435 training captions take about 20 s to tokenise, once, on the driver."""
@@ -119,15 +69,6 @@ def cached_table(source: CaptionInput, split: CaptionedImages, cache: Path) -> C
     if not path.exists():
         save_table(path, source.table(split.captions))
     return load_table(path, *source.markers)
-
-
-def caption_input(config: ExperimentConfig, vocab: Vocabulary) -> CaptionInput:
-    """The caption input of ``text.encoder``: vocabulary ids, or its tokenizer's wordpieces."""
-    t = config.text
-    if caption_input_kind(config) == "wordpiece":
-        return WordpieceInput(load_bert_tokenizer(t.bert_path or None), t.max_len, t.unk_prob,
-                              t.delete_prob)
-    return VocabInput(vocab, t.max_len, t.unk_prob, t.delete_prob)
 
 
 def data_fingerprint(splits: dict[str, CaptionedImages]) -> str:
@@ -217,58 +158,6 @@ def cached_vocabulary(train: CaptionedImages, min_count: int, cache: Path) -> Vo
     vocab = Vocabulary.from_train(train, min_count=min_count)
     vocab.save(path)
     return vocab
-
-
-def eval_assets(
-    config: ExperimentConfig, source: DatasetSource, split: CaptionedImages, cache: Path
-) -> EvalAssets:
-    """Relevance (nDCG) and extended positives (CxC) of an evaluation split, when available."""
-    d = config.data
-    given = getattr(d, f"cxc_{split.split}")
-    cxc_path = Path(given) if given else None
-    if cxc_path is not None and not cxc_path.exists():
-        raise DataError(f"{cxc_path}: CxC file not found (data.cxc_{split.split})")
-    path = cxc_path or source.cxc.get(split.split)
-    ext_i2t = ext_t2i = None
-    if path is not None:
-        ext_i2t, ext_t2i = cxc.extended_positives(split, path, min_score=d.cxc_min_score)
-    return EvalAssets(relevance_matrix(d.relevance, source, split, cache), ext_i2t, ext_t2i)
-
-
-def relevance_matrix(
-    choice: str, source: DatasetSource, split: CaptionedImages, cache: Path
-) -> np.ndarray | None:
-    """The nDCG relevance of a split: ``auto`` (the matrix the dataset ships, its first when it
-    ships several, else ROUGE-L), a shipped matrix by name (``semantic``), ``rouge`` (TERN
-    protocol, computed here), ``none``, or a path."""
-    shipped = source.relevance.get(split.split, {})
-    if choice == "auto":
-        choice = next(iter(shipped), "rouge")
-    if choice == "none":
-        return None
-    if choice == "rouge":
-        refs: list[list[str]] = [[] for _ in range(split.num_images)]
-        for caption, image in zip(split.captions, split.caption_image, strict=True):
-            refs[int(image)].append(caption)
-        return cached_relevance(
-            list(split.captions), refs, list(map(int, split.caption_image)), cache / "relevance"
-        )
-    if choice in shipped:
-        path = shipped[choice]
-    elif "/" in choice or choice.endswith(".npy"):
-        path = Path(choice)
-    else:
-        raise ConfigError(f"data.relevance={choice}: the dataset ships no {choice!r} matrix; use "
-                          "auto, rouge, none or a path to an .npy matrix")
-
-    return load_relevance(path, split.num_captions, split.num_images)
-
-
-def pixel_normalizer(config: ExperimentConfig) -> PixelNorm:
-    """How ``image.encoder`` wants its pixels: its registered ``normalize`` of [0, 1] RGB, or the
-    ImageNet statistics of torchvision's pretrained backbones."""
-    own = IMAGE_ENCODERS.meta(config.image.encoder).get("normalize")
-    return own or imagenet_normalize
 
 
 def imagenet_normalize(x: torch.Tensor) -> torch.Tensor:

@@ -5,7 +5,7 @@ captions) and proposes substitute words for it (Gupta et al., ECCV 2020, Sec. 2.
 registered by name in :data:`NEGATIVE_GENERATORS`:
 
 - ``context`` (the paper's context-preserving negatives): a masked LM (:mod:`icr.grounding.mlm`)
-  gives its ``num_candidates`` (30) most likely nouns ``s'`` of the noun vocabulary at the masked
+  gives its ``mlm_candidates`` (30) most likely nouns ``s'`` of the noun vocabulary at the masked
   word, ``p(s'|c)``; they are re-ranked by ``p(s'|c) / (q(s'|s, c) + 1e-6)``, where ``q`` is the
   LM's probability at the *unmasked* word, which demotes synonyms and hypernyms of the true noun
   (the LM finds them likely even when it sees the true word); the first ``num_negatives`` (25) are
@@ -27,7 +27,6 @@ computes them with the frozen word encoder once and caches them as float16.
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 import logging
 import time
@@ -39,6 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from icr.config import GroundingConfig
 from icr.errors import DataError
 from icr.grounding import mlm
 from icr.grounding.mlm import MaskedNounModel, normalise_word, replace_word
@@ -65,8 +65,11 @@ __all__ = [
 NEGATIVES_VERSION = 1  # bump when cached negatives change meaning
 FEATURES_VERSION = 1
 
+# A generator's options that are ``grounding.*`` fields come from the config section
+# (``num_negatives``, ``mlm_candidates``); the rest it names of what :func:`negative_captions`
+# offers (``masked_lm``, ``seed``, ``show_progress``).
 NEGATIVE_GENERATORS: Registry[Callable[..., list[tuple[str, ...]]]] = Registry(
-    "negative generator", package="icr.grounding"
+    "negative generator", section=GroundingConfig, package="icr.grounding"
 )
 
 
@@ -180,7 +183,7 @@ def rerank(masked: torch.Tensor, unmasked: torch.Tensor, exclude: torch.Tensor,
     return candidates.gather(1, order)
 
 
-@NEGATIVE_GENERATORS.register("context")
+@NEGATIVE_GENERATORS.register("context", reads=("grounding.mlm_path",))
 def context_substitutes(
     token_lists: Sequence[Sequence[str]],
     word_index: np.ndarray,
@@ -188,7 +191,7 @@ def context_substitutes(
     *,
     masked_lm: Callable[[], MaskedNounModel],
     num_negatives: int = 25,
-    num_candidates: int = 30,
+    mlm_candidates: int = 30,
     batch_size: int = 128,
     show_progress: bool = True,
 ) -> list[tuple[str, ...]]:
@@ -209,7 +212,7 @@ def context_substitutes(
     for n, (t, pos) in enumerate(zip(tokens, positions, strict=True)):
         if normalise_word(t[pos]) in column:
             exclude[n, column[normalise_word(t[pos])]] = True
-    kept = rerank(p, q, exclude, num_candidates, num_negatives).tolist()
+    kept = rerank(p, q, exclude, mlm_candidates, num_negatives).tolist()
     out: list[tuple[str, ...]] = [()] * len(token_lists)
     for n, c in enumerate(rows):
         out[c] = tuple(model.nouns[v] for v in kept[n])
@@ -257,74 +260,61 @@ def _digest(header: dict[str, Any], rows: Sequence[str]) -> str:
 
 
 def negative_captions(
-    generator: str,
+    section: GroundingConfig,
     captions: Sequence[str],
     positions: Sequence[Sequence[int]],
     cache_dir: str | Path | None,
     *,
-    nouns: Sequence[str] | None = None,
-    num_negatives: int = 25,
-    num_candidates: int = 30,
     seed: int = 0,
-    mlm_source: str = mlm.HEAD_SOURCE,
-    word_model: str = DEFAULT_WORD_MODEL,
     mlm_epochs: int = 10,
     mlm_lr: float = 1e-3,
-    mlm_captions: Sequence[str] | None = None,
-    mlm_positions: Sequence[Sequence[int]] | None = None,
     device: str | None = None,
     show_progress: bool = True,
     encoder: WordEncoder | None = None,
 ) -> NegativeCaptions:
-    """The negative captions of ``captions`` from generator ``generator``, computed once and cached.
+    """The negative captions of ``captions`` from the generator ``section.negatives``, computed
+    once and cached.
+
+    The generator takes its options from ``section`` (``grounding.num_negatives``, and for
+    ``context`` ``grounding.mlm_candidates``: :data:`NEGATIVE_GENERATORS` reads them), and what it
+    names of the masked LM (built from ``grounding.mlm_path`` or a head trained here on the
+    captions over ``grounding.word_model``), the seed and the progress flag; the cache key holds
+    exactly what it takes.
 
     Args:
-        generator: a name of :data:`NEGATIVE_GENERATORS` (``context``, ``random``, ``none``).
-        captions: the captions (whitespace-tokenised text).
+        section: the grounding config (``icr.config.GroundingConfig``).
+        captions: the captions (whitespace-tokenised text); their nouns are the vocabulary of
+            substitutes and the masked-LM head's training data.
         positions: per caption, the token indices of its nouns (:func:`noun_positions`).
         cache_dir: folder of the cache; ``None`` computes without caching.
-        nouns: the noun vocabulary; ``None`` means the nouns of ``mlm_captions`` (the training
-            captions), or of ``captions`` when those are not given.
-        num_negatives, num_candidates: substitutes kept (25) and LM candidates re-ranked (30).
         seed: which noun is masked; the random generator's draws; the masked-LM head's training.
-        mlm_source: ``"head"`` (trained on ``mlm_captions``) or a local masked-LM folder.
-        word_model: the frozen encoder under the head.
-        mlm_epochs, mlm_lr: the head's training.
-        mlm_captions, mlm_positions: the head's training captions and their nouns (default:
-            ``captions`` and ``positions``: pass the training split's when generating for another
-            split).
+        mlm_epochs, mlm_lr: the head's training (:func:`~icr.grounding.mlm.train_noun_head`).
         device: ``cuda``, ``cpu``, ...; ``None`` picks CUDA when available.
         show_progress: tqdm bars.
         encoder: an already loaded word encoder for the head.
     """
-    builder = NEGATIVE_GENERATORS.get(generator)
+    generator, mlm_source = section.negatives, section.mlm_path or mlm.HEAD_SOURCE
     token_lists = [c.split() for c in captions]
-    train_tokens = [c.split() for c in mlm_captions] if mlm_captions is not None else token_lists
-    train_positions = mlm_positions if mlm_positions is not None else positions
-    if nouns is None:
-        nouns = noun_vocabulary(train_tokens, train_positions)
+    nouns = noun_vocabulary(token_lists, positions)
     if len(nouns) < 2:
         raise DataError(f"negative captions need at least 2 nouns in the vocabulary, found "
                         f"{len(nouns)}: {list(nouns)}; check the captions and their tags")
     word_index = choose_nouns(token_lists, positions, seed)
 
     def load_lm() -> MaskedNounModel:
-        # the head learns to predict the nouns that the training captions' negatives mask
-        head_positions = choose_nouns(train_tokens, train_positions, seed)
+        # the head learns to predict the nouns that the negatives mask
         return mlm.load_masked_noun_model(
-            mlm_source, nouns, train_tokens, head_positions, cache_dir, word_model=word_model,
+            mlm_source, nouns, token_lists, word_index, cache_dir, word_model=section.word_model,
             epochs=mlm_epochs, lr=mlm_lr, seed=seed, device=device,
             show_progress=show_progress, encoder=encoder)
 
-    offered = {"masked_lm": load_lm, "num_negatives": num_negatives,
-               "num_candidates": num_candidates, "seed": seed, "show_progress": show_progress}
-    accepted = inspect.signature(builder).parameters
-    kwargs = {k: v for k, v in offered.items() if k in accepted}
+    kwargs = NEGATIVE_GENERATORS.arguments(generator, section, masked_lm=load_lm, seed=seed,
+                                           show_progress=show_progress)
     header = {k: v for k, v in kwargs.items() if k not in ("masked_lm", "show_progress")}
     header.update(generator=generator, nouns=list(nouns), seed=seed, version=NEGATIVES_VERSION)
     if "masked_lm" in kwargs:
-        header.update(_lm_header(mlm_source, word_model, encoder, mlm_epochs, mlm_lr,
-                                 train_tokens, train_positions))
+        header.update(_lm_header(mlm_source, section.word_model, encoder, mlm_epochs, mlm_lr,
+                                 token_lists, positions))
     rows = [f"{c}\1{list(p)}" for c, p in zip(captions, positions, strict=True)]
     path = _negatives_path(cache_dir, generator, _digest(header, rows))
     if path is not None and path.is_file():
@@ -332,7 +322,7 @@ def negative_captions(
         if len(cached) == len(captions):
             logger.info("negative captions: cache hit %s", path)
             return cached
-    substitutes = builder(token_lists, word_index, nouns, **kwargs)
+    substitutes = NEGATIVE_GENERATORS.get(generator)(token_lists, word_index, nouns, **kwargs)
     true_words = tuple(normalise_word(t[i]) if i >= 0 else "" for t, i in
                        zip(token_lists, word_index, strict=True))
     result = NegativeCaptions(word_index, true_words, tuple(substitutes), generator)

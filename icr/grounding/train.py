@@ -35,20 +35,21 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from icr.context import Attention, Capability, GroundingInputs, dataset_capabilities
+from icr.config import GroundingConfig, Scalar, to_flat, used_keys
+from icr.context import Attention, Capability
 from icr.data.datasets import DatasetSource, load_source
-from icr.errors import ConfigError, DataError
+from icr.errors import ConfigError, DataError, UserError, step_error
 from icr.grounding.data import GroundingSplit, load_grounding
 from icr.grounding.losses import image_infonce_loss, language_infonce_loss
-from icr.grounding.mlm import HEAD_SOURCE
 from icr.grounding.model import build_grounding_model
 from icr.grounding.negatives import (
     CandidateFeatures,
@@ -68,10 +69,12 @@ from icr.train.timing import StepTimer
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["GroundingData", "GroundingTask", "prepare_grounding_data"]
+__all__ = ["GroundingData", "GroundingInputs", "GroundingTask", "prepare_grounding_data"]
 
 SPLITS = ("train", "val", "test")
 NEGATIVES_SEED = 0  # which noun is masked and the masked-LM head's training: shared by all runs
+# what a step runs is set by these keys (and the optimiser's, optim.*): the model, its losses
+STEP_KEYS = ("grounding.model", "grounding.key_dim", "grounding.img_weight", "grounding.lang_weight")
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,14 @@ class GroundingData:
     source: DatasetSource | None = None
 
 
+@dataclass(frozen=True)
+class GroundingInputs(Capability):
+    """What a grounding model reads: its splits, word features and negative captions."""
+
+    about: ClassVar[str] = "the grounding inputs (splits, word features, negative captions)"
+    data: GroundingData
+
+
 def _load_split(source: DatasetSource, split: str, max_regions: int | None,
                 max_words: int | None) -> GroundingSplit:
     """A split from the dataset's region features and Flickr30K Entities folder (the embedded
@@ -109,62 +120,46 @@ def _load_split(source: DatasetSource, split: str, max_regions: int | None,
 def prepare_grounding_data(
     source: DatasetSource,
     cache_dir: Path,
+    section: GroundingConfig,
     *,
-    max_words: int | None = 6,
-    max_regions: int | None = None,
-    word_model: str = "all-MiniLM-L6-v2",
-    word_pooling: str = "pieces",
-    negatives: str = "context",
-    num_negatives: int = 25,
-    num_candidates: int = 30,
-    lang_negatives: int | None = None,
-    negatives_seed: int = NEGATIVES_SEED,
-    mlm: str = "head",
-    mlm_epochs: int = 10,
-    mlm_lr: float = 1e-3,
     device: str | None = None,
     show_progress: bool = False,
     encoder: WordEncoder | None = None,
 ) -> GroundingData:
     """Load the splits and compute (or read from the cache) every derived input.
 
+    ``section`` says which: ``max_words`` content words per training caption (evaluation splits
+    keep all), ``max_regions`` regions per image (0: all), the frozen word encoder
+    ``word_model`` and its ``word_pooling`` (:func:`~icr.grounding.words.word_features`), the
+    negative captions (:func:`~icr.grounding.negatives.negative_captions`, seeded with
+    :data:`NEGATIVES_SEED`) and the features of their substitutes. Without ``L_lang``
+    (``lang_weight`` 0, or a generator that proposes no substitute) no negatives are kept.
+
     Args:
         source: a :class:`~icr.data.datasets.DatasetSource` (``root``, ``regions_dir``,
             ``entities_dir``).
         cache_dir: the cache folder of word features, negatives, the masked-LM head, candidates.
-        max_words: content words kept per training caption (evaluation splits keep all).
-        max_regions: regions kept per image (the reference: 30); ``None``: all.
-        word_model, word_pooling: the frozen word encoder and its pooling
-            (:func:`~icr.grounding.words.word_features`).
-        negatives: a negative generator (``context``, ``random``, ...); one that proposes no
-            substitute (``none``) leaves ``L_lang`` out.
-        num_negatives, num_candidates: substitutes kept and LM candidates (25 and 30).
-        lang_negatives: the first substitutes that ``L_lang`` uses (their features are computed);
-            ``None``: all ``num_negatives``; 0: no ``L_lang`` (no negatives are made).
-        negatives_seed: which noun is masked; the head's training; the random generator.
-        mlm, mlm_epochs, mlm_lr: the masked LM (:func:`~icr.grounding.mlm.load_masked_noun_model`).
+        section: the grounding config (``config.grounding``).
         device: where the encoders run.
         show_progress: tqdm bars.
-        encoder: an already loaded word encoder (``word_model`` is then only its cache name).
+        encoder: an already loaded word encoder (``section.word_model`` is then only its cache
+            name).
     """
-    splits = {s: _load_split(source, s, max_regions, max_words if s == "train" else None)
+    g = section
+    splits = {s: _load_split(source, s, g.max_regions or None, g.max_words if s == "train" else None)
               for s in SPLITS}
     words = {s: word_features(list(splits[s].captions), splits[s].words, cache_dir,
-                              model=word_model, pooling=word_pooling, device=device,
+                              model=g.word_model, pooling=g.word_pooling, device=device,
                               show_progress=show_progress, encoder=encoder) for s in SPLITS}
-    if lang_negatives == 0 or num_negatives == 0:
+    if g.lang_weight == 0:  # without L_lang no negatives are made
         return GroundingData(splits, words, source=source)
     captions = list(splits["train"].captions)
-    made = negative_captions(
-        negatives, captions, noun_positions(captions), cache_dir, num_negatives=num_negatives,
-        num_candidates=num_candidates, seed=negatives_seed, mlm_source=mlm, word_model=word_model,
-        mlm_epochs=mlm_epochs, mlm_lr=mlm_lr, device=device, show_progress=show_progress,
-        encoder=encoder)
+    made = negative_captions(g, captions, noun_positions(captions), cache_dir, seed=NEGATIVES_SEED,
+                             device=device, show_progress=show_progress, encoder=encoder)
     if not made.has_substitutes:  # the generator proposes none (``none``): L_img only
         return GroundingData(splits, words, source=source)
-    candidates = candidate_features(captions, made, cache_dir, num_negatives=lang_negatives,
-                                    model=word_model, device=device, show_progress=show_progress,
-                                    encoder=encoder)
+    candidates = candidate_features(captions, made, cache_dir, model=g.word_model, device=device,
+                                    show_progress=show_progress, encoder=encoder)
     return GroundingData(splits, words, made, candidates, source)
 
 
@@ -208,6 +203,9 @@ class GroundingTask:
         eval_batch_size: captions per evaluation batch.
         box_convention: how evaluation reads boxes, ``infoground`` (the reference's evaluation)
             or ``continuous`` (:mod:`icr.metrics.grounding`).
+        step_keys: the config keys behind the model, the losses and the optimiser, with their
+            values, that an error raised inside a step names (:func:`icr.errors.step_error`;
+            the builder gives :data:`STEP_KEYS` and ``optim.*``).
     """
 
     selection_metric = "pointing"
@@ -234,8 +232,10 @@ class GroundingTask:
         trajectory_every: int = 10,
         eval_batch_size: int = 256,
         box_convention: str = DEFAULT_BOX_CONVENTION,
+        step_keys: Mapping[str, Scalar] | None = None,
     ) -> None:
         self.data, self.device = data, torch.device(device)
+        self.step_keys = dict(step_keys or {})
         self.epochs, self.batch_size, self.seed = epochs, batch_size, seed
         self.img_weight, self.lang_weight = img_weight, lang_weight
         self.trajectory_every, self.eval_batch_size = trajectory_every, eval_batch_size
@@ -302,7 +302,12 @@ class GroundingTask:
                    leave=False)
         for step in bar:
             index = np.sort(order[step * self.batch_size:(step + 1) * self.batch_size].numpy())
-            terms = self.train_step(self._batch("train", index), epoch, step)
+            try:
+                terms = self.train_step(self._batch("train", index), epoch, step)
+            except UserError:
+                raise
+            except Exception as error:  # where, and with which settings (icr.errors.step_error)
+                raise step_error(error, epoch=epoch, step=step, keys=self.step_keys) from None
             row = self.global_step if self.global_step % self.trajectory_every == 0 else None
             record.add(terms["loss"], terms, row_step=row)
             if timer is not None:
@@ -393,19 +398,15 @@ class GroundingTask:
         self.model.eval()
 
     def capabilities(self) -> tuple[Capability, ...]:
+        source = self.data.source
         return (GroundingInputs(self.data), Attention(self.attention),
-                *dataset_capabilities(self.data.source))
+                *(source.capabilities() if source is not None else ()))
 
 
 def _prepare(config: Any, workspace: Any, device: str | None, progress: bool = False
              ) -> GroundingData:
-    g = config.grounding
-    return prepare_grounding_data(
-        load_source(config, workspace), workspace.cache / "grounding", max_words=g.max_words,
-        max_regions=g.max_regions or None, word_model=g.word_model, word_pooling=g.word_pooling,
-        negatives=g.negatives, num_negatives=g.num_negatives, num_candidates=g.mlm_candidates,
-        lang_negatives=None if g.lang_weight > 0 else 0,  # without L_lang no negatives are made
-        mlm=g.mlm_path or HEAD_SOURCE, device=device, show_progress=progress)
+    return prepare_grounding_data(load_source(config, workspace), workspace.cache / "grounding",
+                                  config.grounding, device=device, show_progress=progress)
 
 
 def prepare_grounding(config: Any, workspace: Any) -> Prepared:
@@ -428,7 +429,7 @@ def fits_grounding(config: Any, data: Prepared) -> None:
                 fits=fits_grounding, provides=(GroundingInputs, Attention))
 def grounding(config: Any, workspace: Any, device: torch.device) -> GroundingTask:
     """Weakly supervised phrase grounding (Gupta et al., ECCV 2020); keys in the module docstring."""
-    g = config.grounding
+    g, flat = config.grounding, to_flat(config)
     data = _prepare(config, workspace, str(device))
     o, t = config.optim, config.train
     return GroundingTask(
@@ -437,4 +438,6 @@ def grounding(config: Any, workspace: Any, device: torch.device) -> GroundingTas
         epochs=config.epochs, img_weight=g.img_weight, lang_weight=g.lang_weight, seed=t.seed,
         device=device, amp=t.amp, amp_dtype=t.amp_dtype, max_steps_per_epoch=t.max_steps_per_epoch,
         trajectory_every=t.trajectory_every, eval_batch_size=config.eval.batch_size,
-        box_convention=g.box_convention)
+        box_convention=g.box_convention,
+        step_keys={key: flat[key] for key in used_keys(config)
+                   if key in STEP_KEYS or key.startswith("optim.")})

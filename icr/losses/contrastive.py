@@ -9,11 +9,12 @@ off-diagonal entries between them are not negatives and are masked out of every 
 The losses themselves live one per module (:mod:`icr.losses.infonce`, :mod:`icr.losses.triplet`)
 and register here by name; :func:`build_loss` binds a name and its options into a callable and
 :func:`loss_from_config` does the same from a config section (``name`` plus option fields).
+:func:`config_options` is the one reader of a loss's options from the config: the loss, its
+warm-up form and its COCOS counters (:mod:`icr.analysis.cocos`) all take what it gives.
 """
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -51,8 +52,6 @@ def split_output(out: Tensor | LossOutput) -> tuple[Tensor, dict[str, Tensor]]:
 
 LOSSES: Registry = Registry("contrastive loss", section=LossConfig, package="icr.losses")
 
-_DATA_ARGS = ("sims", "image_ids")
-
 
 def negative_mask(sims: Tensor, image_ids: Tensor | None = None) -> Tensor:
     """Which entries of a batch similarity matrix are negatives.
@@ -85,12 +84,7 @@ def build_loss(name: str, **options: Any) -> ContrastiveLoss:
     return LOSSES.bind(name, **options)
 
 
-def loss_options(name: str) -> list[str]:
-    """The keyword options (e.g. ``tau``) that the registered loss ``name`` takes."""
-    return [p for p in inspect.signature(LOSSES.get(name)).parameters if p not in _DATA_ARGS]
-
-
-def warmup_from_config(section: Any) -> ContrastiveLoss | None:
+def warmup_from_config(section: LossConfig) -> ContrastiveLoss | None:
     """The loss trained in the first ``section.warmup_epochs`` epochs: the warm-up form that
     ``section.name`` was registered with (``warmup=``, e.g. the triplet loss's sum over all
     negatives), with the section's options; ``None`` without warm-up epochs.
@@ -109,11 +103,13 @@ def warmup_from_config(section: Any) -> ContrastiveLoss | None:
     return loss_from_config(replace(section, name=warmup))
 
 
-def loss_from_config(section: Any) -> ContrastiveLoss:
-    """The loss named ``section.name`` with those fields of ``section`` that it takes as options.
+def config_options(section: LossConfig) -> dict[str, Any]:
+    """The options of loss ``section.name`` as the config sets them: the fields of ``section``
+    that its builder takes (``tau`` for InfoNCE, ``margin`` for the triplet losses); fields the
+    chosen loss does not use are left out."""
+    return LOSSES.section_options(section.name, section)
 
-    ``section`` is any object with a ``name`` attribute (e.g. ``icr.config.LossConfig``); fields the
-    chosen loss does not use (``margin`` for InfoNCE) are ignored.
-    """
-    options = {p: getattr(section, p) for p in loss_options(section.name) if hasattr(section, p)}
-    return build_loss(section.name, **options)
+
+def loss_from_config(section: LossConfig) -> ContrastiveLoss:
+    """The loss named ``section.name`` with its options from ``section`` (:func:`config_options`)."""
+    return build_loss(section.name, **config_options(section))

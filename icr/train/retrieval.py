@@ -38,24 +38,17 @@ from torch.optim.swa_utils import AveragedModel, update_bn
 from tqdm.auto import tqdm
 
 from icr.analysis.cocos import COCOS_COUNTERS, build_counter
-from icr.config import ExperimentConfig, used_keys
-from icr.context import (
-    Capability,
-    Embedder,
-    Embeddings,
-    InitialEmbeddings,
-    RetrievalInputs,
-    dataset_capabilities,
-)
+from icr.config import ExperimentConfig, Scalar, to_flat, used_keys
+from icr.context import Capability, Embedder, Embeddings, InitialEmbeddings
 from icr.data.batches import Batch, TrainingBatches
 from icr.data.features import cached_backbone_features
 from icr.data.glove import check_glove_file
 from icr.data.images import ImageStore, SplitImages, place_images
-from icr.data.pipeline import PreparedData, prepare_data
+from icr.data.pipeline import PreparedData
 from icr.data.sampler import steps_per_epoch
-from icr.errors import ConfigError
-from icr.losses import ContrastiveLoss, loss_from_config, warmup_from_config
-from icr.losses.contrastive import LOSSES, split_output
+from icr.errors import ConfigError, UserError, step_error
+from icr.losses import ContrastiveLoss, config_options, loss_from_config, warmup_from_config
+from icr.losses.contrastive import split_output
 from icr.models.build import build_decoder, build_dual_encoder, check_inputs
 from icr.models.recurrent import use_static_shapes
 from icr.objectives import Objective, ObjectiveOutput, build_objective
@@ -69,6 +62,7 @@ from icr.train.recipe import (
     schedule_factor,
     swa_snapshot_steps,
 )
+from icr.train.retrieval_data import RetrievalInputs, prepare_data
 from icr.train.step_log import StepLog
 from icr.train.tasks import TASKS, Prepared
 from icr.train.timing import StepTimer
@@ -238,7 +232,13 @@ class RetrievalTask:
         bar = tqdm(self.batches(epoch, self.steps_per_epoch), total=self.steps_per_epoch,
                    desc=f"epoch {epoch + 1}/{self.epochs}", disable=not progress, leave=False)
         for step, batch in enumerate(bar):
-            out = self.train_step(batch, epoch, step)
+            try:
+                out = self.train_step(batch, epoch, step)
+            except UserError:
+                raise
+            except Exception as error:  # where, and with which settings (icr.errors.step_error)
+                raise step_error(error, epoch=epoch, step=step, keys=step_keys(self.config)
+                                 ) from None
             row = self.global_step if self.global_step % t.trajectory_every == 0 else None
             record.add(out.loss, out.terms, row_step=row,
                        extra=self._cocos(out) if row is not None else None)
@@ -352,7 +352,7 @@ class RetrievalTask:
 
     def capabilities(self) -> tuple[Capability, ...]:
         return (Embeddings(self.embed_split), InitialEmbeddings(self.initial_embedder),
-                RetrievalInputs(self.prepared), *dataset_capabilities(self.prepared.source))
+                RetrievalInputs(self.prepared), *self.prepared.source.capabilities())
 
     def metrics(self) -> dict[str, float]:
         return {"lr": float(self.optimizer.param_groups[0]["lr"]), **self.objective.metrics()}
@@ -472,7 +472,15 @@ def live_cocos(config: ExperimentConfig) -> Any:
     if name not in COCOS_COUNTERS:
         raise ConfigError(f"train.live_cocos: loss.name={name} has no COCOS counter; "
                           f"use one of {', '.join(COCOS_COUNTERS.names())} or train.live_cocos=false")
-    options = {k: getattr(config.loss, k) for k in LOSSES.options(name)}
-    counter = build_counter(name, **options)
+    counter = build_counter(name, **config_options(config.loss))
     return lambda sims, ids: {f"cocos_{k}": v for k, v in counter(sims, ids).items()
                               if not math.isnan(v)}
+
+
+def step_keys(config: ExperimentConfig) -> dict[str, Scalar]:
+    """The keys of the loss, the objective and the optimiser a training step runs, as this run
+    uses them (the loss's own options only, :func:`icr.config.used_keys`), with their values:
+    what an error raised inside a step names (:func:`icr.errors.step_error`)."""
+    flat = to_flat(config)
+    return {key: flat[key] for key in used_keys(config)
+            if key.split(".")[0] in ("loss", "objective", "optim")}
