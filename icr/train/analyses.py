@@ -3,8 +3,9 @@
 An analysis registers the task kind it runs on and the capabilities it needs
 (:mod:`icr.analysis`), a task and a dataset those they provide (:mod:`icr.context`);
 :func:`check_analyses` matches them for a config before anything runs (the platform for every
-condition of a study, ``fit`` again). It lives beside the task registry it reads: the analyses
-themselves know nothing of the training package.
+condition of a study, ``fit`` again). It lives beside the task registry it reads; an analysis
+imports no more of the training package than the inputs type of the task it analyses
+(``icr.train.retrieval_data.RetrievalInputs``).
 """
 
 from __future__ import annotations

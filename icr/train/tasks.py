@@ -67,7 +67,8 @@ class Task(Protocol):
 
     def capabilities(self) -> tuple[Capability, ...]:
         """What the task offers its analyses: instances of the types it registered as
-        ``provides=``, and what its dataset provides (:func:`icr.context.dataset_capabilities`)."""
+        ``provides=``, and what its dataset provides
+        (:meth:`icr.data.datasets.DatasetSource.capabilities`)."""
 
 
 def build_task(config: Any, workspace: Any, device: torch.device) -> Task:
