@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="module")
 def cluster():
     from studies import connection
-    from studies.pipeline import set_quiet_environment
+    from studies.environment import set_quiet_environment
 
     set_quiet_environment()
     info = connection.connect(num_cpus=2, dashboard=False)
