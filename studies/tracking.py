@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 import sqlite3
 import threading
 import time
@@ -48,9 +47,9 @@ from mlflow.entities import Metric, Param, RunTag
 from ray.tune import Callback
 
 from icr.errors import UserError
+from studies.failures import error_line
 from studies.frameworks import mlflow as mlflow_adapter
 from studies.frameworks.tune import BOOKKEEPING, CHECKPOINT_DIR, trial_error
-from studies.marks import mark, mark_of
 from studies.trials import spec_of
 
 log = logging.getLogger(__name__)
@@ -203,9 +202,6 @@ class Tracker:
                     tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
                 return self._experiment_id
             self._experiment_id = found.experiment_id
-            if EXPERIMENT_KIND_TAG not in found.tags:  # made before the tag was set
-                self.client.set_experiment_tag(found.experiment_id, EXPERIMENT_KIND_TAG,
-                                               EXPERIMENT_KIND)
             if self._own_store():
                 self._check_store()
                 for experiment_id, new, old in mlflow_adapter.relocate_artifacts(
@@ -401,27 +397,6 @@ def epoch_metrics(result: Mapping[str, Any], now_ms: int) -> list[Metric]:
     return items
 
 
-def error_line(error: BaseException | str | None) -> str:
-    """The one-line cause of a failed trial: the innermost exception's last line (Tune gives
-    the error as an exception, or as the text of its error file)."""
-    if not error:
-        return "the trial failed without an error (its worker was lost?)"
-    if isinstance(error, str):
-        lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
-        return re.sub(r"^(?:\w+\.)+(\w+: )", r"\1", lines[-1])[:MAX_PARAM_CHARS]
-    cause: BaseException = error
-    for _ in range(10):  # RayTaskError keeps the worker's exception as .cause
-        inner = getattr(cause, "cause", None) or cause.__cause__
-        if not isinstance(inner, BaseException) or inner is cause:
-            break
-        cause = inner
-    lines = [line.strip() for line in str(cause).strip().splitlines() if line.strip()]
-    text = lines[-1] if lines else type(cause).__name__
-    if ": " not in text[:60]:
-        text = f"{type(cause).__name__}: {text}"
-    return text[:MAX_PARAM_CHARS]
-
-
 def checkpoint_location(checkpoint: Any) -> str:
     """Where a Tune checkpoint is, as ``tune.Checkpoint(location)`` reads it on any node (the
     ``checkpoint`` tag of a run, for ensembles and analyses): its folder on a local or shared
@@ -434,8 +409,7 @@ class MlflowTrialCallback(Callback):
     """Records every trial of a Tuner as a child run of the study's parent run.
 
     An epoch reported without a checkpoint is recorded when its result arrives; one reported
-    with a checkpoint once Tune has saved the checkpoint (:meth:`on_checkpoint`), where the
-    checkpoint is marked with the result first if the trial did not mark it.
+    with a checkpoint once Tune has saved the checkpoint (:meth:`on_checkpoint`).
     """
 
     def __init__(
@@ -486,18 +460,15 @@ class MlflowTrialCallback(Callback):
         self._last_epoch[run_id] = epoch
 
     def on_checkpoint(self, iteration: int, trials: list, trial: Any, checkpoint: Any, **info: Any) -> None:
-        """An epoch reported with a checkpoint, marked and recorded in one step.
+        """An epoch reported with a checkpoint, recorded once Tune has saved the checkpoint.
 
-        The checkpoint carries the result it came with before the result is recorded: a trial
-        marks its checkpoints itself (:func:`studies.trainable.run_trial`); one that came
-        without a mark (from a trial started before trials marked theirs) is marked here. A
-        restored trial resumes from its newest marked checkpoint
-        (:func:`studies.trainable.resume_point`), so every epoch recorded is one a restored
-        trial continues after. Then the run's ``checkpoint`` tag and the epoch's artifacts.
+        The trial marked the checkpoint with its result before Tune copied it
+        (:func:`studies.trainable.run_trial`), and a restored trial resumes from its newest
+        marked checkpoint (:func:`studies.trainable.resume_point`), so every epoch recorded here
+        is one a restored trial continues after. Then the run's ``checkpoint`` tag and the
+        epoch's artifacts.
         """
         result = trial.last_result or {}
-        if "epoch" in result and mark_of(checkpoint) is None:
-            mark(checkpoint, result)
         run_id = self.run_id(trial)
         self._record(trial, result)
         self.tracker.set_tags(run_id, {"checkpoint": checkpoint_location(checkpoint)})
