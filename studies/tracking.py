@@ -36,9 +36,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import sqlite3
-import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -84,65 +83,6 @@ def git_commit(root: Path = PROJECT_ROOT) -> str:
     return ""
 
 
-class RecordWriter:
-    """Epoch records written into a sqlite store by a background thread, each transaction
-    holding every record queued by then.
-
-    A commit costs the disk syncs of a transaction (about 20 ms on a busy machine), the rows of a
-    record about 1 ms, so records that arrive while one is written are committed with the next
-    (``benchmarks/tracking_throughput.py``). The thread runs while records are queued and is not
-    a daemon: a driver that exits writes what it queued first. A record the adapter leaves to
-    MLflow (recorded already after a resume, a deleted run) goes to ``judge``: MLflow's
-    ``log_batch``.
-    """
-
-    def __init__(self, db: Path, judge: Callable[[str, list[Metric]], None]) -> None:
-        self.db = db
-        self._judge = judge
-        self._lock = threading.Condition()
-        self._queued: list[tuple[str, list[Metric]]] = []
-        self._running = False  # a thread writes the queue
-        self._failed: list[tuple[str, BaseException]] = []
-
-    def put(self, run_id: str, metrics: list[Metric]) -> None:
-        with self._lock:
-            self._queued.append((run_id, metrics))
-            if not self._running:
-                threading.Thread(target=self._drain, name="mlflow-record-writer").start()
-                self._running = True
-
-    def wait(self) -> list[tuple[str, BaseException]]:
-        """Wait until every queued record is written; returns (run id, error) of each record
-        that could not be, since the last wait."""
-        with self._lock:
-            self._lock.wait_for(lambda: not self._running)
-            failed, self._failed = self._failed, []
-        return failed
-
-    def _drain(self) -> None:
-        while True:
-            with self._lock:
-                records, self._queued = self._queued, []
-                if not records:
-                    self._running = False
-                    self._lock.notify_all()
-                    return
-            self._write(records)
-
-    def _write(self, records: list[tuple[str, list[Metric]]]) -> None:
-        """Never raises: the thread must go on to empty the queue (wait() waits for that)."""
-        with contextlib.suppress(Exception):  # then each record on its own, with its error
-            if mlflow_adapter.insert_metrics(self.db, records):
-                return
-        for run_id, metrics in records:
-            try:
-                if not mlflow_adapter.insert_metrics(self.db, [(run_id, metrics)]):
-                    self._judge(run_id, metrics)
-            except Exception as exc:  # no caller to raise to: wait() reports it
-                with self._lock:
-                    self._failed.append((run_id, exc))
-
-
 class Tracker:
     """One study's experiment in MLflow, recorded through MLflow's public client.
 
@@ -151,8 +91,8 @@ class Tracker:
     than the 50 records a second a study needs on a local store; the figures are in
     :mod:`studies.frameworks.mlflow`):
 
-    - a local sqlite store: SQL transactions of the records queued (:class:`RecordWriter`,
-      :func:`studies.frameworks.mlflow.insert_metrics`), the store's schema checked first;
+    - a local sqlite store: SQL transactions of the records queued, written by a thread
+      (:class:`studies.frameworks.mlflow.RecordWriter`), the store's schema checked first;
     - any other store (an MLflow server: ``http``, ``https``): MLflow's asynchronous
       ``log_batch``.
 
@@ -175,7 +115,7 @@ class Tracker:
         self._store_checked = False
         self._client: MlflowClient | None = None
         self._experiment_id: str | None = None
-        self._writer: RecordWriter | None = None
+        self._writer: mlflow_adapter.RecordWriter | None = None
         self._pending: dict[str, list[RunOperations]] = {}  # run id -> its writes queued in MLflow
 
     def __getstate__(self) -> dict[str, Any]:
@@ -282,7 +222,7 @@ class Tracker:
             return
         if self._writer is None:
             self._check_store()
-            self._writer = RecordWriter(self.store_file, self._log_through_mlflow)
+            self._writer = mlflow_adapter.RecordWriter(self.store_file, self._log_through_mlflow)
         self._writer.put(run_id, metrics)
 
     def _log_through_mlflow(self, run_id: str, metrics: list[Metric]) -> None:
