@@ -18,7 +18,7 @@ time how far a trial goes, so during a search the estimate moves; it is an upper
 trial has finished.
 
 A confirmation runs every condition's seeds in one Tune run, and conditions can differ in speed
-many times over (in ltd_architectures a TERN epoch took 5 times a VSRN one): each condition's
+many times over (a TERN epoch of ltd_architectures is about 5 VSRN ones): each condition's
 trials are timed by that condition's own epochs (by the run's mean until one of them has
 reported), and its trials not yet started are counted from its own planned number.
 """

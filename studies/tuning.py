@@ -190,10 +190,9 @@ def ended_in_saved_state(path: str) -> set[str]:
     """The trials that Tune's saved state of the experiment at ``path`` holds as TERMINATED: they
     ended (ran their budget, or ASHA stopped them) under an earlier driver.
 
-    Restored, such a trial's result is its saved last result, which never carries ``done``, so
-    without this a phase whose trials had all ended before the driver was killed said
-    "interrupted" on every resume. On Ctrl-C Tune saves its state before it stops the running
-    trials, so those are saved as RUNNING and are not counted here.
+    Restored, such a trial's result is its saved last result, which never carries ``done``: this
+    set is how :func:`every_trial_ended` knows it ended. On Ctrl-C Tune saves its state before it
+    stops the running trials, so those are saved as RUNNING and are not counted here.
     """
     return {trial.trial_id for trial in tune.ExperimentAnalysis(path).trials
             if trial.status == "TERMINATED"}
