@@ -1,6 +1,6 @@
 """The driver's status line: where a Tune run stands, every 30 seconds and at each trial's end.
 
-    search lagrangian: 3 done, 2 running, 3 left; best val_rsum 188.2 (objective.eta=0.237);
+    search lagrangian: 3 done, 2 running, 3 left; best val_rsum 188.2 (lagrangian eta=0.237);
     5m12s elapsed, about 6m40s left
 
 :class:`Progress` keeps the counts, the best score and the measured epoch times of one Tune run
