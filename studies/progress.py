@@ -105,8 +105,8 @@ class Progress:
 
     def on_result(self, trial_id: str, result: Mapping[str, Any], values: str,
                   group: str = "") -> None:
-        """A reported epoch: its time, and the trial's score now (``values``: the trial's
-        sampled values, shown beside the best score; ``group``: its condition)."""
+        """A reported epoch: its time, and the trial's score now (``values``: the trial's name,
+        :func:`studies.trials.run_name`, shown beside the best score; ``group``: its condition)."""
         self.last_seen[trial_id] = self.clock()
         seconds = result.get("time_this_iter_s", result.get("epoch_time_s"))
         if isinstance(seconds, int | float) and math.isfinite(seconds) and seconds > 0:
