@@ -23,7 +23,8 @@ from ray import tune
 
 from studies import connection
 from studies.catalog import get_study
-from studies.pipeline import Backend, open_session, prepare_data, set_quiet_environment
+from studies.environment import set_quiet_environment
+from studies.pipeline import Backend, open_session, prepare_data
 from studies.plan import Options, StudyPlan
 from studies.select import select_winner
 from studies.session import DriverLock, Session

@@ -37,7 +37,7 @@ from mlflow import RunOperations
 
 from icr.config import ExperimentConfig
 from studies.frameworks.mlflow import loopback_server
-from studies.signals import stop_signals_as_ctrl_c
+from studies.signals import StopSignals
 from studies.tracking import MlflowTrialCallback, Tracker, epoch_metrics
 from studies.trials import KEY, TrialSpec
 
@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{args.trials} trials x {args.epochs} epochs; an epoch record: 40 metrics + "
           f"{args.rows} trajectory rows x 4 terms; run creation, tags and 40 params included")
     results = {}
-    with stop_signals_as_ctrl_c(), tempfile.TemporaryDirectory() as tmp:
+    with StopSignals(), tempfile.TemporaryDirectory() as tmp:
         for store in args.stores:
             results[store] = measure_store(store, Path(tmp) / store, args)
     for store, rates in results.items():

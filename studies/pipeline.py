@@ -22,9 +22,7 @@ from icr.train.tasks import Prepared, check_fits, prepare
 from icr.workspace import Workspace
 from studies import connection
 from studies.ensembles import ray_evaluator
-from studies.environment import set_quiet_environment
 from studies.plan import ConditionPlan, StudyPlan
-from studies.processes import stop_signals_as_ctrl_c
 from studies.progress import ProgressOptions, say_now
 from studies.records import stop_recorded_instance
 from studies.report import build_report
@@ -37,7 +35,7 @@ from studies.session import (
     read_state,
     write_state,
 )
-from studies.signals import StudyIncomplete, stop_signals_ignored
+from studies.signals import StopSignals, StudyIncomplete, stop_signals_ignored
 from studies.storage import check_storage
 from studies.tracking import PARENT_TAG, Tracker, check_store, git_commit
 from studies.trials import run_name
@@ -60,7 +58,7 @@ class Backend:
     prepare: Callable[[ExperimentConfig, Workspace], Prepared] = default_prepare
 
 
-def choose_run_dir(plan: StudyPlan, resume: bool, fresh: bool, say: Callable[[str], None]) -> Path:
+def choose_run_dir(plan: StudyPlan, fresh: bool, say: Callable[[str], None]) -> Path:
     """An unfinished run of the study is continued (with or without --resume) unless --fresh."""
     unfinished = None if fresh else find_unfinished(plan.state_root)
     if unfinished is not None:
@@ -73,8 +71,6 @@ def choose_run_dir(plan: StudyPlan, resume: bool, fresh: bool, say: Callable[[st
         say(f"resuming the unfinished run {unfinished.name} (phase {state.get('phase')}); "
             "--fresh starts a new one")
         return unfinished
-    if resume:
-        raise ConfigError(f"nothing to resume: study {plan.key} has no unfinished run in {plan.state_root}")
     return plan.state_root / new_run_name()
 
 
@@ -144,8 +140,8 @@ def run_study(
         raise ConfigError(f"nothing to resume: study {plan.key} has no unfinished run in {plan.state_root}")
     if plan.address:
         connection.reachable_gcs(plan.address)  # fails in seconds, before anything is written
-    with stop_signals_as_ctrl_c() as stops, DriverLock(plan.workspace.root, plan.key):
-        run_dir = choose_run_dir(plan, resume, fresh, say)
+    with StopSignals() as stops, DriverLock(plan.workspace.root, plan.key):
+        run_dir = choose_run_dir(plan, fresh, say)
         # A driver killed earlier may have left its private Ray instance: stop exactly that one.
         record = plan.workspace.root / "locks" / f"{plan.key}.ray.json"
         stop_recorded_instance(record)
@@ -155,7 +151,7 @@ def run_study(
         failed = True
         try:
             stops.check()  # a KeyboardInterrupt raised while Ray started can be lost
-            with stop_signals_as_ctrl_c() as inner:
+            with StopSignals() as inner:
                 check_storage(plan.storage_root, cluster.nodes, hosts=cluster.hosts)
                 resources = cluster.trial_resources(plan.cpus_per_trial)
                 say(cluster.describe(resources))
@@ -320,6 +316,3 @@ def _describe_space(condition: ConditionPlan) -> str:
     used = set(used_keys(condition.config))
     return ", ".join(f"{k} ~ {d.describe()}" for k, d in condition.domains.items()
                      if choosing or k in used)
-
-
-__all__ = ["Backend", "run_study", "set_quiet_environment"]

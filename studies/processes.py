@@ -23,16 +23,10 @@ from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import ray  # noqa: F401 - Ray ships psutil in ray/thirdparty_files and puts it on sys.path
+import psutil
 
-import psutil  # isort: skip
-
-from studies.signals import (  # noqa: F401 - re-exported: the driver's stop signals
-    STOP_SIGNALS,
-    StopSignals,
-    handlers_kept,
-    stop_signals_as_ctrl_c,
-)
+# handlers_kept: studies/connection.py calls it as processes.handlers_kept
+from studies.signals import STOP_SIGNALS, handlers_kept  # noqa: F401
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The driver's status line: where a Tune run stands, every 30 seconds and at each trial's end.
 
-    search lagrangian: 3 done, 2 running, 3 left; best val_rsum 188.2 (objective.eta=0.237);
+    search lagrangian: 3 done, 2 running, 3 left; best val_rsum 188.2 (lagrangian eta=0.237);
     5m12s elapsed, about 6m40s left
 
 :class:`Progress` keeps the counts, the best score and the measured epoch times of one Tune run
@@ -18,7 +18,7 @@ time how far a trial goes, so during a search the estimate moves; it is an upper
 trial has finished.
 
 A confirmation runs every condition's seeds in one Tune run, and conditions can differ in speed
-many times over (in ltd_architectures a TERN epoch took 5 times a VSRN one): each condition's
+many times over (a TERN epoch of ltd_architectures is about 5 VSRN ones): each condition's
 trials are timed by that condition's own epochs (by the run's mean until one of them has
 reported), and its trials not yet started are counted from its own planned number.
 """
@@ -105,8 +105,8 @@ class Progress:
 
     def on_result(self, trial_id: str, result: Mapping[str, Any], values: str,
                   group: str = "") -> None:
-        """A reported epoch: its time, and the trial's score now (``values``: the trial's
-        sampled values, shown beside the best score; ``group``: its condition)."""
+        """A reported epoch: its time, and the trial's score now (``values``: the trial's name,
+        :func:`studies.trials.run_name`, shown beside the best score; ``group``: its condition)."""
         self.last_seen[trial_id] = self.clock()
         seconds = result.get("time_this_iter_s", result.get("epoch_time_s"))
         if isinstance(seconds, int | float) and math.isfinite(seconds) and seconds > 0:

@@ -161,11 +161,11 @@ def _interrupted() -> int:
 def leave(code: int) -> None:
     """End the process with ``main``'s exit code.
 
-    An interrupted driver (130) has stopped what it started in ``main``'s own cleanup; Python's
-    shutdown would then run the libraries' exit hooks, and a Ray core worker torn down that way
-    while its connection was half made ended the process with SIGSEGV after the interrupted
-    line (once in 23 chaos instants: SIGHUP while Ray started). So an interrupted driver leaves
-    at once, as a killed one does, which the next run recovers from.
+    An interrupted driver (130) has stopped what it started in ``main``'s own cleanup, so it
+    leaves at once, as a killed one does (which the next run recovers from), without Python's
+    shutdown: that runs the libraries' exit hooks, and Ray's core worker, torn down there while
+    its connection is half made (a stop signal while Ray starts), can end the process with
+    SIGSEGV after the ``interrupted`` line.
     """
     if code == 130:
         sys.stdout.flush()

@@ -85,11 +85,6 @@ class StopSignals:
 _PLAIN_CTRL_C = (signal.default_int_handler, signal.SIG_DFL, signal.SIG_IGN, None)
 
 
-def stop_signals_as_ctrl_c() -> StopSignals:
-    """A :class:`StopSignals` block (kept for the callers that only need the handlers)."""
-    return StopSignals()
-
-
 @contextlib.contextmanager
 def stop_signals_ignored() -> Iterator[None]:
     """Within the block, the stop signals are ignored (and lost); the handlers come back after."""

@@ -35,11 +35,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 import sqlite3
-import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -48,9 +46,9 @@ from mlflow.entities import Metric, Param, RunTag
 from ray.tune import Callback
 
 from icr.errors import UserError
+from studies.failures import error_line
 from studies.frameworks import mlflow as mlflow_adapter
 from studies.frameworks.tune import BOOKKEEPING, CHECKPOINT_DIR, trial_error
-from studies.marks import mark, mark_of
 from studies.trials import spec_of
 
 log = logging.getLogger(__name__)
@@ -85,65 +83,6 @@ def git_commit(root: Path = PROJECT_ROOT) -> str:
     return ""
 
 
-class RecordWriter:
-    """Epoch records written into a sqlite store by a background thread, each transaction
-    holding every record queued by then.
-
-    A commit costs the disk syncs of a transaction (about 20 ms on a busy machine), the rows of a
-    record about 1 ms, so records that arrive while one is written are committed with the next
-    (``benchmarks/tracking_throughput.py``). The thread runs while records are queued and is not
-    a daemon: a driver that exits writes what it queued first. A record the adapter leaves to
-    MLflow (recorded already after a resume, a deleted run) goes to ``judge``: MLflow's
-    ``log_batch``.
-    """
-
-    def __init__(self, db: Path, judge: Callable[[str, list[Metric]], None]) -> None:
-        self.db = db
-        self._judge = judge
-        self._lock = threading.Condition()
-        self._queued: list[tuple[str, list[Metric]]] = []
-        self._running = False  # a thread writes the queue
-        self._failed: list[tuple[str, BaseException]] = []
-
-    def put(self, run_id: str, metrics: list[Metric]) -> None:
-        with self._lock:
-            self._queued.append((run_id, metrics))
-            if not self._running:
-                threading.Thread(target=self._drain, name="mlflow-record-writer").start()
-                self._running = True
-
-    def wait(self) -> list[tuple[str, BaseException]]:
-        """Wait until every queued record is written; returns (run id, error) of each record
-        that could not be, since the last wait."""
-        with self._lock:
-            self._lock.wait_for(lambda: not self._running)
-            failed, self._failed = self._failed, []
-        return failed
-
-    def _drain(self) -> None:
-        while True:
-            with self._lock:
-                records, self._queued = self._queued, []
-                if not records:
-                    self._running = False
-                    self._lock.notify_all()
-                    return
-            self._write(records)
-
-    def _write(self, records: list[tuple[str, list[Metric]]]) -> None:
-        """Never raises: the thread must go on to empty the queue (wait() waits for that)."""
-        with contextlib.suppress(Exception):  # then each record on its own, with its error
-            if mlflow_adapter.insert_metrics(self.db, records):
-                return
-        for run_id, metrics in records:
-            try:
-                if not mlflow_adapter.insert_metrics(self.db, [(run_id, metrics)]):
-                    self._judge(run_id, metrics)
-            except Exception as exc:  # no caller to raise to: wait() reports it
-                with self._lock:
-                    self._failed.append((run_id, exc))
-
-
 class Tracker:
     """One study's experiment in MLflow, recorded through MLflow's public client.
 
@@ -152,8 +91,8 @@ class Tracker:
     than the 50 records a second a study needs on a local store; the figures are in
     :mod:`studies.frameworks.mlflow`):
 
-    - a local sqlite store: SQL transactions of the records queued (:class:`RecordWriter`,
-      :func:`studies.frameworks.mlflow.insert_metrics`), the store's schema checked first;
+    - a local sqlite store: SQL transactions of the records queued, written by a thread
+      (:class:`studies.frameworks.mlflow.RecordWriter`), the store's schema checked first;
     - any other store (an MLflow server: ``http``, ``https``): MLflow's asynchronous
       ``log_batch``.
 
@@ -176,7 +115,7 @@ class Tracker:
         self._store_checked = False
         self._client: MlflowClient | None = None
         self._experiment_id: str | None = None
-        self._writer: RecordWriter | None = None
+        self._writer: mlflow_adapter.RecordWriter | None = None
         self._pending: dict[str, list[RunOperations]] = {}  # run id -> its writes queued in MLflow
 
     def __getstate__(self) -> dict[str, Any]:
@@ -203,9 +142,6 @@ class Tracker:
                     tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
                 return self._experiment_id
             self._experiment_id = found.experiment_id
-            if EXPERIMENT_KIND_TAG not in found.tags:  # made before the tag was set
-                self.client.set_experiment_tag(found.experiment_id, EXPERIMENT_KIND_TAG,
-                                               EXPERIMENT_KIND)
             if self._own_store():
                 self._check_store()
                 for experiment_id, new, old in mlflow_adapter.relocate_artifacts(
@@ -286,7 +222,7 @@ class Tracker:
             return
         if self._writer is None:
             self._check_store()
-            self._writer = RecordWriter(self.store_file, self._log_through_mlflow)
+            self._writer = mlflow_adapter.RecordWriter(self.store_file, self._log_through_mlflow)
         self._writer.put(run_id, metrics)
 
     def _log_through_mlflow(self, run_id: str, metrics: list[Metric]) -> None:
@@ -401,27 +337,6 @@ def epoch_metrics(result: Mapping[str, Any], now_ms: int) -> list[Metric]:
     return items
 
 
-def error_line(error: BaseException | str | None) -> str:
-    """The one-line cause of a failed trial: the innermost exception's last line (Tune gives
-    the error as an exception, or as the text of its error file)."""
-    if not error:
-        return "the trial failed without an error (its worker was lost?)"
-    if isinstance(error, str):
-        lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
-        return re.sub(r"^(?:\w+\.)+(\w+: )", r"\1", lines[-1])[:MAX_PARAM_CHARS]
-    cause: BaseException = error
-    for _ in range(10):  # RayTaskError keeps the worker's exception as .cause
-        inner = getattr(cause, "cause", None) or cause.__cause__
-        if not isinstance(inner, BaseException) or inner is cause:
-            break
-        cause = inner
-    lines = [line.strip() for line in str(cause).strip().splitlines() if line.strip()]
-    text = lines[-1] if lines else type(cause).__name__
-    if ": " not in text[:60]:
-        text = f"{type(cause).__name__}: {text}"
-    return text[:MAX_PARAM_CHARS]
-
-
 def checkpoint_location(checkpoint: Any) -> str:
     """Where a Tune checkpoint is, as ``tune.Checkpoint(location)`` reads it on any node (the
     ``checkpoint`` tag of a run, for ensembles and analyses): its folder on a local or shared
@@ -434,8 +349,7 @@ class MlflowTrialCallback(Callback):
     """Records every trial of a Tuner as a child run of the study's parent run.
 
     An epoch reported without a checkpoint is recorded when its result arrives; one reported
-    with a checkpoint once Tune has saved the checkpoint (:meth:`on_checkpoint`), where the
-    checkpoint is marked with the result first if the trial did not mark it.
+    with a checkpoint once Tune has saved the checkpoint (:meth:`on_checkpoint`).
     """
 
     def __init__(
@@ -486,18 +400,15 @@ class MlflowTrialCallback(Callback):
         self._last_epoch[run_id] = epoch
 
     def on_checkpoint(self, iteration: int, trials: list, trial: Any, checkpoint: Any, **info: Any) -> None:
-        """An epoch reported with a checkpoint, marked and recorded in one step.
+        """An epoch reported with a checkpoint, recorded once Tune has saved the checkpoint.
 
-        The checkpoint carries the result it came with before the result is recorded: a trial
-        marks its checkpoints itself (:func:`studies.trainable.run_trial`); one that came
-        without a mark (from a trial started before trials marked theirs) is marked here. A
-        restored trial resumes from its newest marked checkpoint
-        (:func:`studies.trainable.resume_point`), so every epoch recorded is one a restored
-        trial continues after. Then the run's ``checkpoint`` tag and the epoch's artifacts.
+        The trial marked the checkpoint with its result before Tune copied it
+        (:func:`studies.trainable.run_trial`), and a restored trial resumes from its newest
+        marked checkpoint (:func:`studies.trainable.resume_point`), so every epoch recorded here
+        is one a restored trial continues after. Then the run's ``checkpoint`` tag and the
+        epoch's artifacts.
         """
         result = trial.last_result or {}
-        if "epoch" in result and mark_of(checkpoint) is None:
-            mark(checkpoint, result)
         run_id = self.run_id(trial)
         self._record(trial, result)
         self.tracker.set_tags(run_id, {"checkpoint": checkpoint_location(checkpoint)})

@@ -11,25 +11,27 @@ A reported epoch is a checkpointed epoch. Tune saves its experiment state (each 
 checkpoint) in the background, so a driver killed at the wrong moment leaves a state that lags
 what the driver had recorded: restored from it, a trial would train again an epoch that MLflow
 holds and go on from another model, or (one checkpoint kept) fail, its saved checkpoint deleted
-since. So each checkpoint carries the result it came with (its *mark*), written by the trial into
-the checkpoint before Tune copies it to storage, with the size of every file, so that a copy cut
-short by a kill is not taken for one (:mod:`studies.marks`); the driver records the result
-only once its checkpoint carries it (:meth:`studies.tracking.MlflowTrialCallback.on_checkpoint`,
-which marks a checkpoint that came without a mark); and a trial continues after
-the newest whole marked checkpoint of its folder (:func:`resume_point`), never older than Tune's
-own, also when Tune's is gone (:func:`studies.frameworks.tune.labelled_trainable`): every epoch
-MLflow holds is one a restored trial continues after, and the record matches the run.
+since. So the trial writes into each checkpoint, before Tune copies it to storage, the result it
+comes with and the size of every file (its *mark*, :func:`mark`), so that a copy cut short by a
+kill is not taken for a marked one; the driver records an epoch that came with a checkpoint
+once Tune has saved the checkpoint, mark included
+(:meth:`studies.tracking.MlflowTrialCallback.on_checkpoint`); and a trial continues after the
+newest whole marked checkpoint of its folder (:func:`resume_point`), also when Tune's saved
+state names an older one or one that is gone (:func:`studies.frameworks.tune.labelled_trainable`):
+every epoch MLflow holds is one a restored trial continues after, and the record matches the run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow.fs
 import ray
 import torch
 from ray import tune
@@ -37,13 +39,14 @@ from ray import tune
 import icr.train
 from icr.train.seam import EpochReport
 from icr.workspace import Workspace
-from studies.frameworks.tune import trial_folder
-from studies.marks import mark, marked_checkpoints, unmark
+from studies.failures import FAILED_IN_TRAINING
+from studies.frameworks.tune import BOOKKEEPING, METADATA_FILE, trial_folder
 from studies.trials import spec_of
 
 FitFn = Callable[..., Any]  # the signature of icr.train.fit
-FAILED_IN_TRAINING = "icr_failed_in_training"  # set on an exception that fit raised
 _IN_REPORT = "icr_in_report"  # set on an exception that reporting an epoch raised
+REPORTED = "icr_reported"  # a checkpoint's metadata key: the result it was reported with
+FILES = "icr_files"  # a checkpoint's metadata key: its files and their sizes, when it was reported
 
 
 @dataclass(frozen=True)
@@ -53,7 +56,7 @@ class TrialJob:
     study: str
     phase: str  # "search" or "confirm"
     workspace: str
-    experiment: str = ""  # where Tune keeps the experiment (its trials' folders)
+    experiment: str  # where Tune keeps the experiment (its trials' folders)
 
 
 def tune_record(report: EpochReport) -> dict[str, Any]:
@@ -69,6 +72,7 @@ def run_trial(trial_config: dict[str, Any], *, job: TrialJob, fit: FitFn | None 
     _use_assigned_cpus()
 
     def reporter(report: EpochReport) -> None:
+        """Mark the epoch's checkpoint with its result, then hand both to Tune."""
         record = tune_record(report)
         checkpoint = None
         try:
@@ -95,61 +99,36 @@ def run_trial(trial_config: dict[str, Any], *, job: TrialJob, fit: FitFn | None 
                 raise
 
 
-def failed_in_training(error: BaseException | None) -> bool:
-    """Whether the error that ended a trial (as Tune gives it on the driver) was raised by its
-    training (``fit``: a non-finite loss, a config that cannot train, a bug in a model) rather
-    than around it (a lost worker or node, Tune restoring it, storage): only the former is the
-    trial's own failure, which a report states; the others are retried."""
-    seen = set()
-    while isinstance(error, BaseException) and id(error) not in seen:
-        if getattr(error, FAILED_IN_TRAINING, False):
-            return True
-        seen.add(id(error))
-        error = getattr(error, "cause", None) or error.__cause__  # RayTaskError keeps .cause
-    return False
-
-
 def resume_point(job: TrialJob, local: Path) -> tuple[Path | None, bool]:
     """Where this trial continues, and whether it had ended there (its last epoch).
 
-    Returns a local copy of the trial's newest whole marked checkpoint (of Tune's own when none
-    is marked: a study started before marks), or ``None`` to start from scratch. A marked
-    checkpoint newer than Tune's, or one left when Tune's is gone (Tune gives none then), is
-    one Tune's saved state lost: it is reported again with the result it was marked with (a
-    copy, which Tune persists and registers, and the driver records where it had not), then
-    the marks of the trial's other checkpoints are removed, since Tune writes its next
-    checkpoints into folders of its own numbering, theirs included.
+    Returns a local copy of the trial's newest whole marked checkpoint, or ``None`` to start
+    from scratch. One that Tune did not give (``tune.get_checkpoint()``: the one its saved
+    state names, ``None`` when that one is gone) is one Tune's saved state lost: it is reported
+    again with the result it was marked with (a copy, which Tune persists and registers, and
+    the driver records where it had not), then the marks of the trial's other checkpoints are
+    removed, since Tune writes its next checkpoints into folders of its own numbering, theirs
+    included.
     """
-    registered = tune.get_checkpoint()
-    marked = marked_checkpoints(trial_folder(job.experiment)) \
-        if job.experiment else []
-    newest = max(marked, key=lambda pair: pair[1]["epoch"], default=None)
-    if newest is None or (registered is not None and _same(registered, newest[0])):
-        if registered is None:
-            return None, False
-        registered.to_directory(str(local))
-        return local, bool(newest and newest[1].get("final"))
-    checkpoint, record = newest
+    marked = marked_checkpoints(trial_folder(job.experiment))
+    if not marked:
+        return None, False
+    checkpoint, record = max(marked, key=lambda pair: pair[1]["epoch"])
     checkpoint.to_directory(str(local))
-    copy = tune.Checkpoint.from_directory(str(local))
-    mark(copy, record)
-    tune.report(dict(record), checkpoint=copy)
-    persisted = tune.get_checkpoint()  # where Tune put the copy
-    for other, _ in marked:
-        if persisted is None or not _same(other, persisted):
-            unmark(other)
+    registered = tune.get_checkpoint()
+    if registered is None or not _same(registered, checkpoint):
+        copy = tune.Checkpoint.from_directory(str(local))
+        mark(copy, record)
+        tune.report(dict(record), checkpoint=copy)
+        persisted = tune.get_checkpoint()  # where Tune put the copy
+        for other, _ in marked:
+            if persisted is None or not _same(other, persisted):
+                unmark(other)
     return local, bool(record.get("final"))
 
 
 def _same(a: tune.Checkpoint, b: tune.Checkpoint) -> bool:
     return a.path.rstrip("/") == b.path.rstrip("/")
-
-
-class MarkReported(tune.Callback):
-    """Does nothing: the name a Tune experiment saved before its driver's MLflow callback marked
-    checkpoints itself holds among its pickled callbacks, so that such an experiment restores.
-    A checkpoint without a mark is marked, then recorded, by
-    :meth:`studies.tracking.MlflowTrialCallback.on_checkpoint`."""
 
 
 def _use_assigned_cpus() -> None:
@@ -158,3 +137,65 @@ def _use_assigned_cpus() -> None:
     if cpus and "OMP_NUM_THREADS" not in os.environ:
         os.environ["OMP_NUM_THREADS"] = str(max(1, int(cpus)))
     torch.set_num_threads(max(1, int(cpus or torch.get_num_threads())))
+
+
+# --- checkpoint marks: the result a checkpoint was reported with, written into it -------------
+
+
+def mark(checkpoint: tune.Checkpoint, result: Mapping[str, Any]) -> None:
+    """Write into a checkpoint the result it comes with (Tune's bookkeeping left out) and the
+    size of each of its files."""
+    checkpoint.set_metadata({REPORTED: {k: v for k, v in result.items() if k not in BOOKKEEPING},
+                             FILES: _file_sizes(checkpoint)})
+
+
+def unmark(checkpoint: tune.Checkpoint) -> None:
+    with contextlib.suppress(OSError):
+        checkpoint.set_metadata({})
+
+
+def marked_checkpoints(folder: str) -> list[tuple[tune.Checkpoint, dict[str, Any]]]:
+    """The checkpoints in a trial's folder that carry a mark, with the result each was marked
+    with. A mark that cannot be read (e.g. half written) counts as none, and so does one whose
+    checkpoint lacks a file it lists or holds it at another size (a copy cut short)."""
+    fs, path = _filesystem(folder)
+    try:
+        infos = fs.get_file_info(pyarrow.fs.FileSelector(path, allow_not_found=True))
+    except OSError:
+        return []
+    found = []
+    for info in infos:
+        if info.type != pyarrow.fs.FileType.Directory or not info.base_name.startswith("checkpoint_"):
+            continue
+        checkpoint = tune.Checkpoint(info.path, filesystem=fs)
+        record = mark_of(checkpoint)
+        if record is not None:
+            found.append((checkpoint, record))
+    return found
+
+
+def mark_of(checkpoint: tune.Checkpoint) -> dict[str, Any] | None:
+    """The result a whole checkpoint was marked with; ``None`` when unmarked or not whole."""
+    try:
+        metadata = checkpoint.get_metadata()
+        record, files = metadata.get(REPORTED), metadata.get(FILES)
+        whole = isinstance(files, dict) and files == _file_sizes(checkpoint)
+    except (OSError, ValueError, AttributeError):
+        return None
+    if whole and isinstance(record, dict) and isinstance(record.get("epoch"), int | float):
+        return record
+    return None
+
+
+def _file_sizes(checkpoint: tune.Checkpoint) -> dict[str, int]:
+    """Each file of a checkpoint (its path inside it) and its size; the mark itself left out."""
+    fs, root = checkpoint.filesystem, checkpoint.path.rstrip("/")
+    infos = fs.get_file_info(pyarrow.fs.FileSelector(root, recursive=True))
+    return {info.path[len(root) + 1:]: info.size for info in infos
+            if info.type == pyarrow.fs.FileType.File and info.base_name != METADATA_FILE}
+
+
+def _filesystem(uri: str) -> tuple[pyarrow.fs.FileSystem, str]:
+    if "://" in uri:
+        return pyarrow.fs.FileSystem.from_uri(uri)
+    return pyarrow.fs.LocalFileSystem(), str(Path(uri).absolute())

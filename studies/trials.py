@@ -9,6 +9,12 @@ resolves a search trial as soon as it has drawn its values (:mod:`studies.search
 confirmation resolves each (condition, seed) before its Tuner starts (:mod:`studies.tuning`);
 Tune ships the spec to the worker in the trial's config (key :data:`KEY`), where the trainable
 trains ``spec.config``, and the driver's recorder logs ``spec.params``: nobody builds it again.
+
+A trial has one name, :func:`run_name` (``lagrangian eta=0.112``, ``dual seed=1001``): its
+MLflow run's name, Tune's tag and folder, the best trial in a status line, the winner a search
+chose; with Tune's trial id, :func:`trial_label` (``trial 8e58e_00000 [lagrangian eta=0.112]``)
+names it in the driver's lines and as its actor's Repr in Ray's dashboard
+(:func:`studies.frameworks.tune.labelled_trainable`).
 """
 
 from __future__ import annotations
@@ -65,6 +71,13 @@ def run_name(condition: str, values: Mapping[str, Any]) -> str:
     shown = " ".join(f"{k.split('.')[-1]}={v:.3g}" if isinstance(v, float)
                      else f"{k.split('.')[-1]}={v}" for k, v in values.items())
     return f"{condition} {shown}".strip()
+
+
+def trial_label(trial_id: str, config: Mapping[str, Any]) -> str:
+    """``trial 8e58e_00000 [lagrangian eta=0.112]``: Tune's trial id and the name of the trial
+    whose Tune config is ``config`` (just the id before Tune has given it its spec)."""
+    spec = config.get(KEY)
+    return f"trial {trial_id}" if spec is None else f"trial {trial_id} [{spec.name}]"
 
 
 def spec_of(config: Mapping[str, Any]) -> TrialSpec:

@@ -3,9 +3,10 @@
 Search: per condition, one Tuner with ASHA on epochs and Optuna (quasi-random start, then TPE;
 :mod:`studies.samplers`) over the condition's domains, ``budget`` trials, the same ``max_t``.
 The space is sampled define-by-run (:class:`studies.space.ConditionalSpace`): a trial draws
-only the keys its configuration uses. ASHA stops weak trials at its rungs; :class:`PrunedAwareOptunaSearch` tells Optuna those trials
-were PRUNED (Ray's OptunaSearch tells it COMPLETE with the early value, which biases TPE towards
-configurations that merely start fast). A condition with nothing to search runs no search.
+only the keys its configuration uses. ASHA stops weak trials at its rungs;
+:class:`~studies.searcher.StudySearcher` tells Optuna those trials were PRUNED (Ray's
+OptunaSearch tells it COMPLETE with the early value, which biases TPE towards configurations
+that merely start fast). A condition with nothing to search runs no search.
 
 Confirm: one Tuner over the grid (condition x seed), so the confirmation runs of all conditions
 share the cluster; each run trains the full budget with ``eval.test=true`` and the study's
@@ -34,6 +35,7 @@ from ray import tune
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 from tqdm.auto import tqdm
 
+from studies.failures import error_line, failed_in_training
 from studies.frameworks.optuna import GridOnceSampler
 from studies.frameworks.tune import (
     EpochCsvLogger,
@@ -45,16 +47,15 @@ from studies.frameworks.tune import (
     sigint_handler_restored,
     trial_error,
 )
-from studies.labels import trial_label
 from studies.progress import DONE, INTERVAL_S, RUNNING, WAITING, Progress, TrialView, say_now
 from studies.samplers import SpreadThenTPESampler
 from studies.searcher import StudySearcher, read_state
 from studies.session import Interrupted, Session
 from studies.signals import StudyIncomplete
 from studies.space import ConditionalSpace, grid_points
-from studies.tracking import PARENT_TAG, MlflowTrialCallback, error_line
-from studies.trainable import TrialJob, failed_in_training, run_trial
-from studies.trials import KEY, TrialSpec, spec_of
+from studies.tracking import PARENT_TAG, MlflowTrialCallback
+from studies.trainable import TrialJob, run_trial
+from studies.trials import KEY, TrialSpec, spec_of, trial_label
 
 log = logging.getLogger(__name__)
 
@@ -77,23 +78,26 @@ class TrialRecord:
     def epochs(self) -> int:
         return int(self.metrics.get("epoch", 0))
 
+    @property
+    def label(self) -> str:
+        return trial_label(self.trial_id, {KEY: self.spec})
+
 
 class ProgressCallback(tune.Callback):
     """What the driver shows while a Tuner runs: at each trial's end a line saying how it ended,
     and the status line of :class:`~studies.progress.Progress` at each trial's end and at least
     every ``interval`` seconds (Tune calls ``on_step_end`` at every turn of its loop, about ten
     times a second, also while no result arrives). In a terminal the status is a tqdm bar of
-    the trials, refreshed every second, instead of lines.
+    the trials, refreshed every second, instead of lines. A trial is named as everywhere else
+    (:func:`studies.trials.trial_label`; its best score beside the trial's name).
     """
 
     def __init__(self, progress: Progress, *, say: Callable[[str], None] = say_now,
-                 interval: float = INTERVAL_S, bar: bool = False,
-                 describe: Callable[[TrialSpec], str] | None = None) -> None:
+                 interval: float = INTERVAL_S, bar: bool = False) -> None:
         self.progress = progress
         self.say = say
         self.interval = interval
         self.bar = bar
-        self.describe = describe or sampled_values  # a trial's spec -> what tells it apart
         self._last = progress.clock()
         self._ended: set[str] = set()
         self._tqdm: Any = None
@@ -115,8 +119,8 @@ class ProgressCallback(tune.Callback):
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict,
                         **info: Any) -> None:
-        self.progress.on_result(trial.trial_id, result, self._values(trial),
-                                spec_of(trial.config).condition)
+        spec = spec_of(trial.config)
+        self.progress.on_result(trial.trial_id, result, spec.name, spec.condition)
 
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self.progress.on_start(trial.trial_id)
@@ -125,7 +129,8 @@ class ProgressCallback(tune.Callback):
         if not self._seeded:  # a restored Tuner's trials come with their last results
             self._seeded = True
             for trial in trials:
-                self.progress.on_score(trial.trial_id, trial.last_result or {}, self._values(trial))
+                self.progress.on_score(trial.trial_id, trial.last_result or {},
+                                       spec_of(trial.config).name)
         due = 1.0 if self.bar else self.interval
         if self.progress.clock() - self._last >= due:
             self._status(trials)
@@ -151,7 +156,7 @@ class ProgressCallback(tune.Callback):
         if trial.trial_id not in self._ended:
             self._ended.add(trial.trial_id)
             self.progress.on_trial_end(int((trial.last_result or {}).get("epoch", 0)))
-        self._write(f"  {_name(trial)}: {how}")
+        self._write(f"  {trial_label(trial.trial_id, trial.config)}: {how}")
 
     def _status(self, trials: list) -> None:
         self._last = self.progress.clock()
@@ -180,33 +185,14 @@ class ProgressCallback(tune.Callback):
         state = RUNNING if trial.status == "RUNNING" else WAITING
         return TrialView(trial.trial_id, state, epochs, group)
 
-    def _values(self, trial: Any) -> str:
-        return self.describe(spec_of(trial.config))
-
-
-def sampled_values(spec: TrialSpec) -> str:
-    """``objective.eta=0.237``: what tells a search trial apart (the values it drew)."""
-    return ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
-                     for k, v in spec.values.items())
-
-
-def confirmation_values(spec: TrialSpec) -> str:
-    """``lagrangian, objective.eta=0.237, train.seed=1000``: a confirmation run."""
-    return ", ".join(filter(None, [spec.condition, sampled_values(spec)]))
-
-
-def _name(trial: Any) -> str:
-    return f"trial {trial.trial_id} [{spec_of(trial.config).name}]"
-
 
 def ended_in_saved_state(path: str) -> set[str]:
     """The trials that Tune's saved state of the experiment at ``path`` holds as TERMINATED: they
     ended (ran their budget, or ASHA stopped them) under an earlier driver.
 
-    Restored, such a trial's result is its saved last result, which never carries ``done``, so
-    without this a phase whose trials had all ended before the driver was killed said
-    "interrupted" on every resume. On Ctrl-C Tune saves its state before it stops the running
-    trials, so those are saved as RUNNING and are not counted here.
+    Restored, such a trial's result is its saved last result, which never carries ``done``: this
+    set is how :func:`every_trial_ended` knows it ended. On Ctrl-C Tune saves its state before it
+    stops the running trials, so those are saved as RUNNING and are not counted here.
     """
     return {trial.trial_id for trial in tune.ExperimentAnalysis(path).trials
             if trial.status == "TERMINATED"}
@@ -217,68 +203,109 @@ def run_tuner(
     param_space: dict[str, Any], tune_config: tune.TuneConfig, expected: int, title: str,
 ) -> list[TrialRecord]:
     """Run (or continue) the Tune experiment ``name`` of this study run: ``expected`` trials of
-    ``conditions``; ``title`` heads its status lines."""
-    plan = session.plan
+    ``conditions``; ``title`` heads its status lines. Returns every trial's end.
+
+    Raises:
+        Interrupted: a stop signal came, or Tune returned before every trial ended.
+        StudyIncomplete: a trial failed outside its training (:func:`trial_records`).
+    """
     trainable = labelled_trainable(tune.with_resources(  # the dashboard names each trial's actor
         tune.with_parameters(run_trial, job=job, fit=session.fit), session.resources
     ), trial_label)
-    path = session.experiment_path(name)
-    if tune.Tuner.can_restore(path) and not saved_by_tune(Path(path)):
-        start_over(session, name, Path(path))
-    ended_before: set[str] = set()
-    if tune.Tuner.can_restore(path):
-        log.info("continuing the Tune experiment %s", path)
-        state = newest_searcher_state(Path(path))
-        if state is not None:
-            read_state(state)  # one line naming it if it is not the JSON a searcher writes
-        ended_before = ended_in_saved_state(path)
-        # A trial that failed is continued from its last checkpoint: one whose training failed
-        # fails again where it did; one lost around it (a worker, a node) gets its retry.
-        tuner = tune.Tuner.restore(path, trainable, param_space=param_space,
-                                   resume_unfinished=True, resume_errored=True)
+    restored = restore_tuner(session, name, trainable, param_space)
+    if restored is None:
+        callbacks = tuner_callbacks(session, name, job.phase, conditions, title, expected)
+        tuner, ended_before = new_tuner(session, name, trainable, param_space, tune_config,
+                                        callbacks), set()
     else:
-        callback = MlflowTrialCallback(
-            session.tracker, session.parent_id,
-            {**session.tags, "phase": job.phase, "tune_experiment": name},
-            session.fingerprints, {c.name: c.config.epochs for c in plan.conditions},
-        )
-        run_config = tune.RunConfig(
-            name=name,
-            storage_path=session.storage_path,
-            failure_config=tune.FailureConfig(max_failures=plan.study.max_failures),
-            checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
-            # Tune's JSON and CSV logs (what ResultGrid reads), not its TensorBoard logger, which
-            # cannot log an epoch's trajectory rows (auto loggers are off: set_quiet_environment).
-            callbacks=[callback,
-                       progress_callback(session, job.phase, conditions, title, expected),
-                       EpochJsonLogger(), EpochCsvLogger()],
-            verbose=session.verbose,
-        )
-        tuner = tune.Tuner(trainable, param_space=param_space, tune_config=tune_config,
-                           run_config=run_config)
+        tuner, ended_before = restored
     quiet_retried_syncs()
     session.check_stop()
     with sigint_handler_restored(lambda: session.stops.note(signal.SIGINT)):
         grid = tuner.fit()
     session.check_stop()  # Tune stopped on a stop signal and returned normally
-    ended = [r for r in grid if r.error is not None or (r.metrics or {}).get("done")
-             or (r.metrics or {}).get("trial_id") in ended_before]
-    if len(ended) < expected or len(ended) < len(grid):
-        # Tune returns normally after Ctrl-C, with its state saved: stop here, resumable. A
-        # trial it stopped then is TERMINATED too, but without its last result marked done.
+    if not every_trial_ended(grid, expected, ended_before):
         log.info("the Tune experiment %s was interrupted (state in %s)", name, session.run_dir)
         raise Interrupted()
+    return trial_records(grid, session.experiment_path(name), title)
+
+
+def restore_tuner(session: Session, name: str, trainable: type,
+                  param_space: dict[str, Any]) -> tuple[tune.Tuner, set[str]] | None:
+    """The experiment ``name`` restored, with the trials that had ended under an earlier
+    driver; ``None`` when there is none to restore. One that Tune never saved whole is
+    discarded first (:func:`start_over`). A trial that failed is continued from its last
+    checkpoint: one whose training failed fails again where it did; one lost around it (a
+    worker, a node) gets its retry."""
+    path = session.experiment_path(name)
+    if tune.Tuner.can_restore(path) and not saved_by_tune(Path(path)):
+        start_over(session, name, Path(path))
+    if not tune.Tuner.can_restore(path):
+        return None
+    log.info("continuing the Tune experiment %s", path)
+    state = newest_searcher_state(Path(path))
+    if state is not None:
+        read_state(state)  # one line naming it if it is not the JSON a searcher writes
+    tuner = tune.Tuner.restore(path, trainable, param_space=param_space,
+                               resume_unfinished=True, resume_errored=True)
+    return tuner, ended_in_saved_state(path)
+
+
+def new_tuner(session: Session, name: str, trainable: type, param_space: dict[str, Any],
+              tune_config: tune.TuneConfig, callbacks: list[tune.Callback]) -> tune.Tuner:
+    """A new Tuner of experiment ``name`` in the study run's storage: one checkpoint kept per
+    trial, the study's retries of a lost trial."""
+    run_config = tune.RunConfig(
+        name=name,
+        storage_path=session.storage_path,
+        failure_config=tune.FailureConfig(max_failures=session.plan.study.max_failures),
+        checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+        callbacks=callbacks,
+        verbose=session.verbose,
+    )
+    return tune.Tuner(trainable, param_space=param_space, tune_config=tune_config,
+                      run_config=run_config)
+
+
+def tuner_callbacks(session: Session, name: str, phase: str, conditions: tuple[str, ...],
+                    title: str, expected: int) -> list[tune.Callback]:
+    """What a Tuner's trials leave on the driver: their MLflow runs, the status lines, and
+    Tune's JSON and CSV logs (what ResultGrid reads), not its TensorBoard logger, which cannot
+    log an epoch's trajectory rows (Tune's automatic loggers are off: set_quiet_environment)."""
+    plan = session.plan
+    recorder = MlflowTrialCallback(
+        session.tracker, session.parent_id, {**session.tags, "phase": phase, "tune_experiment": name},
+        session.fingerprints, {c.name: c.config.epochs for c in plan.conditions},
+    )
+    return [recorder, progress_callback(session, conditions, title, expected),
+            EpochJsonLogger(), EpochCsvLogger()]
+
+
+def every_trial_ended(grid: tune.ResultGrid, expected: int, ended_before: set[str]) -> bool:
+    """Whether every trial of the Tuner ended: it failed, reported its last epoch (``done``), or
+    had ended under an earlier driver. Tune returns normally after Ctrl-C, with its state saved;
+    a trial it stopped then is TERMINATED too, but without its last result marked done."""
+    ended = [r for r in grid if r.error is not None or (r.metrics or {}).get("done")
+             or (r.metrics or {}).get("trial_id") in ended_before]
+    return len(ended) >= expected and len(ended) >= len(grid)
+
+
+def trial_records(grid: tune.ResultGrid, path: str, title: str) -> list[TrialRecord]:
+    """Each trial of a finished Tuner (experiment ``path``) as a :class:`TrialRecord`.
+
+    Raises:
+        StudyIncomplete: a trial failed outside its training (every retry): the phase is not
+            done; run again, such trials continue from their checkpoints.
+    """
     configs = {}
     if any(result.config is None for result in grid):  # a trial failed before its first result
         configs = {str(t.path): t.config for t in tune.ExperimentAnalysis(path).trials}
     records = [_record(result, configs) for result in grid]
     lost = [r for r in records if r.error and not r.own_failure]
-    if lost:  # the phase is not done: run again, these trials continue from their checkpoints
-        first = lost[0]
+    if lost:
         raise StudyIncomplete(
-            f"{len(lost)} trial(s) of {title} failed outside their training (trial "
-            f"{first.trial_id} [{first.spec.name}]: {first.error}); run the same command again "
-            "to continue them")
+            f"{len(lost)} trial(s) of {title} failed outside their training ({lost[0].label}: "
+            f"{lost[0].error}); run the same command again to continue them")
     return records
 
 
@@ -293,19 +320,17 @@ def _record(result: Any, configs: Mapping[str, dict[str, Any]]) -> TrialRecord:
                        own_failure=failed_in_training(result.error))
 
 
-def progress_callback(session: Session, phase: str, conditions: tuple[str, ...], title: str,
+def progress_callback(session: Session, conditions: tuple[str, ...], title: str,
                       expected: int) -> ProgressCallback:
-    """The status lines of a Tuner: a search's best shows its sampled values, a confirmation's
-    its condition, the winner's values and the seed."""
+    """The status lines of a Tuner over ``conditions``."""
     plan, options = session.plan, session.progress
     epochs = max(plan.condition(c).config.epochs for c in conditions)
     # Every condition plans as many trials (a search has one; a confirmation, the seeds).
     groups = dict.fromkeys(conditions, expected // len(conditions))
     progress = Progress(title, expected, epochs, plan.study.metric, plan.study.mode,
                         session.concurrency, options.clock, groups)
-    describe = confirmation_values if phase == "confirm" else sampled_values
     return ProgressCallback(progress, say=options.say, interval=options.interval,
-                            bar=options.use_bar(), describe=describe)
+                            bar=options.use_bar())
 
 
 def start_over(session: Session, name: str, path: Path) -> None:

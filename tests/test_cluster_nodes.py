@@ -28,7 +28,7 @@ import pytest
 
 from studies import connection, launcher, processes, storage
 from studies.frameworks import tune as tune_adapter
-from studies.labels import trial_label
+from studies.trials import trial_label
 
 HERE = Path(__file__).resolve().parent
 EPOCHS, HOLD_AFTER = 4, 2

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-FRAMEWORKS = ("ray", "mlflow", "optuna", "optuna_integration")
+FRAMEWORKS = ("ray", "mlflow", "optuna")
 PRIVATE_PATH = re.compile(r"\b(?:" + "|".join(FRAMEWORKS) + r")(?:\.\w+)*\._\w")
 # Private names of other libraries that the project may use (not frameworks of the adapters).
 ALLOWED = {
@@ -111,6 +111,54 @@ def test_each_adapter_names_the_version_it_was_tested_against(framework: str) ->
     assert installed == adapter.TESTED_VERSION, (
         f"studies/frameworks/{framework}.py was tested with {adapter.TESTED_VERSION}, "
         f"{installed} is installed: rerun the tests and update TESTED_VERSION")
+
+
+def declared() -> list[str]:
+    """The requirements of pyproject.toml's ``[project] dependencies`` list, as written."""
+    text = (ROOT / "pyproject.toml").read_text()
+    block = re.search(r"^dependencies = \[(.*?)^\]", text, re.S | re.M).group(1)
+    return re.findall(r'^\s*"([^"]+)"', block, re.M)
+
+
+def distribution(requirement: str) -> str:
+    """``ray[tune,default]==2.60.0`` -> ``ray``: the distribution's normalised name."""
+    return re.split(r"[\[=<>~!; ]", requirement)[0].lower().replace("_", "-")
+
+
+def pinned() -> dict[str, str]:
+    """The dependencies pyproject.toml pins with ``==``: distribution -> version."""
+    return {distribution(r): r.partition("==")[2].strip() for r in declared() if "==" in r}
+
+
+@pytest.mark.parametrize("framework,distribution",
+                         [("ray", "ray"), ("tune", "ray"), ("optuna", "optuna"), ("mlflow", "mlflow")])
+def test_every_adapter_s_framework_is_pinned_to_its_tested_version(framework, distribution) -> None:
+    """An adapter reaches for internals of one version: the install must be that version."""
+    import importlib
+
+    adapter = importlib.import_module(f"studies.frameworks.{framework}")
+    assert pinned().get(distribution) == adapter.TESTED_VERSION, (
+        f"pyproject.toml must pin {distribution}=={adapter.TESTED_VERSION} "
+        f"(studies/frameworks/{framework}.py), not {pinned().get(distribution, 'nothing')}")
+
+
+def test_every_declared_dependency_is_imported() -> None:
+    """A dependency of pyproject.toml is imported by the library or the platform (a distribution
+    is matched to the top-level names it installs); one that nothing imports goes."""
+    import importlib.metadata
+
+    imported: set[str] = set()
+    for path in (p for folder in ("icr", "studies") for p in (ROOT / folder).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported.update(a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                imported.add(node.module.split(".")[0])
+    providers = importlib.metadata.packages_distributions()
+    used = {dist.lower().replace("_", "-") for name in imported for dist in providers.get(name, ())}
+    names = {distribution(r) for r in declared()}
+    assert len(names) > 10 and "torch" in names  # the list was read
+    assert names - used == set(), f"declared in pyproject.toml, imported nowhere: {names - used}"
 
 
 def test_an_internal_that_moved_is_one_line_naming_both_versions(monkeypatch) -> None:

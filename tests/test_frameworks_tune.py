@@ -75,8 +75,8 @@ def test_a_failed_trial_s_error_is_read_before_tune_copies_it_to_the_storage(tmp
     from ray.tune.experiment import Trial
 
     from icr.errors import TrainingError
+    from studies.failures import error_line
     from studies.frameworks.tune import trial_error
-    from studies.tracking import error_line
 
     storage = StorageContext(storage_path=str(tmp_path / "storage"), experiment_dir_name="exp",
                              trial_dir_name="trial_0")
@@ -126,7 +126,7 @@ def test_a_checkpoint_copy_cut_short_is_not_taken_for_a_marked_one(tmp_path) -> 
     it to storage; a driver killed during the copy leaves the mark without all the files."""
     from ray import tune
 
-    from studies.marks import mark, marked_checkpoints
+    from studies.trainable import mark, marked_checkpoints
 
     trial = tmp_path / "trial"
     for epoch, name in enumerate(("checkpoint_000000", "checkpoint_000001"), start=1):

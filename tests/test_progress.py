@@ -28,16 +28,16 @@ def test_a_line_counts_the_trials_and_shows_the_best_with_its_values() -> None:
     clock = Clock()
     progress = Progress("search lagrangian", expected=8, max_epochs=4, metric="val_rsum",
                         slots=2, clock=clock)
-    progress.on_result("a", {"epoch": 1, "val_rsum": 150.0, "time_this_iter_s": 60.0}, "objective.eta=0.1")
+    progress.on_result("a", {"epoch": 1, "val_rsum": 150.0, "time_this_iter_s": 60.0}, "lagrangian eta=0.1")
     progress.on_result("b", {"epoch": 1, "val_rsum": 188.24, "time_this_iter_s": 60.0},
-                       "objective.eta=0.237")
-    progress.on_result("a", {"epoch": 2, "val_rsum": 170.0, "time_this_iter_s": 60.0}, "objective.eta=0.1")
+                       "lagrangian eta=0.237")
+    progress.on_result("a", {"epoch": 2, "val_rsum": 170.0, "time_this_iter_s": 60.0}, "lagrangian eta=0.1")
     clock.now += 312
     trials = [TrialView("a", DONE, 4), TrialView("b", RUNNING, 2), TrialView("c", RUNNING, 1),
               TrialView("d", WAITING)]
     line = progress.line(trials)
     assert line.startswith("search lagrangian: 1 done, 2 running, 5 left; ")
-    assert "best val_rsum 188.2 (objective.eta=0.237)" in line
+    assert "best val_rsum 188.2 (lagrangian eta=0.237)" in line
     assert "5m12s elapsed" in line
     # The rest: running trials to the full budget (2 + 3 epochs), the 5 not started at the full
     # budget while none has finished in this run (20): 25 epochs of 60 s on 2 slots, less the
@@ -164,7 +164,7 @@ def test_the_callback_writes_a_line_every_interval_without_results_and_at_each_e
     callback.on_trial_complete(iteration=0, trials=trials, trial=a)  # Tune: still RUNNING here
     assert said[1] == "  trial a [lagrangian eta=0.25]: 2 epoch(s), val_rsum 190.00 (full budget)"
     assert said[2].startswith("search lagrangian: 1 done, 1 running, 1 left; "
-                              "best val_rsum 190.0 (objective.eta=0.25); 0m30s elapsed, about ")
+                              "best val_rsum 190.0 (lagrangian eta=0.25); 0m30s elapsed, about ")
     clock.now += 29.0  # the end of a trial restarts the 30 s
     callback.on_step_end(iteration=0, trials=trials)
     assert len(said) == 3
@@ -186,7 +186,7 @@ def test_the_callback_survives_being_pickled_into_a_tune_experiment(capsys) -> N
                      {"epoch": 2, "val_rsum": 201.0})
     restored.on_step_end(iteration=0, trials=[done])
     assert capsys.readouterr().out.startswith(
-        "confirm: 1 done, 0 running, 1 left; best val_rsum 201.0 (train.seed=1000); 0m00s elapsed")
+        "confirm: 1 done, 0 running, 1 left; best val_rsum 201.0 (dual seed=1000); 0m00s elapsed")
 
 
 def test_in_a_terminal_the_status_is_a_bar_and_the_trial_lines_pass_above_it(capsys) -> None:
@@ -203,4 +203,4 @@ def test_in_a_terminal_the_status_is_a_bar_and_the_trial_lines_pass_above_it(cap
     out, err = capsys.readouterr()
     assert out.rstrip().splitlines() == [
         "  trial a [lagrangian eta=0.25]: 2 epoch(s), val_rsum 190.00 (full budget)"]
-    assert "search lagrangian 1/2 trials" in err and "best val_rsum 190.0 (objective.eta=0.25)" in err
+    assert "search lagrangian 1/2 trials" in err and "best val_rsum 190.0 (lagrangian eta=0.25)" in err

@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 
 from icr.errors import UserError
-from studies import connection, labels, launcher, processes, records, storage
+from studies import connection, launcher, processes, records, storage
 from studies.frameworks import tune as tune_adapter
-from studies.trials import KEY, TrialSpec, spec_of
+from studies.trials import KEY, TrialSpec, spec_of, trial_label
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
@@ -60,10 +60,10 @@ def test_joining_an_address_that_is_not_a_ray_cluster_fails_with_one_line() -> N
 
 SIGNALLED = """
 import signal, sys
-from studies.processes import stop_signals_as_ctrl_c
+from studies.signals import StopSignals
 if sys.argv[1] == "tune":  # a handler like Ray Tune's: stop gracefully, no KeyboardInterrupt
     signal.signal(signal.SIGINT, lambda s, f: (print("graceful stop", flush=True), sys.exit(3)))
-with stop_signals_as_ctrl_c():
+with StopSignals():
     try:
         print("ready", flush=True)
         while True:
@@ -229,14 +229,6 @@ def test_nodes_on_one_machine_share_its_disk() -> None:
         storage.check_storage("/home/me/workspace/ray", nodes=2, mounts=MOUNTS)
 
 
-def test_trial_label_names_the_trial_condition_and_values() -> None:
-    spec = TrialSpec.resolve("lagrangian", {"decoder.name": "ltd"},
-                             {"objective.eta": 0.123456, "loss.name": "infonce"})
-    assert labels.trial_label("a1_00002", {KEY: spec}) == \
-        "trial a1_00002 [lagrangian objective.eta=0.1235 loss.name=infonce]"
-    assert labels.trial_label("a1_00003", {}) == "trial a1_00003"
-
-
 # --- a private instance ------------------------------------------------------------------------
 
 
@@ -337,7 +329,7 @@ def test_trial_actors_show_their_trial_in_the_dashboard(local, tmp_path: Path) -
         tune.report({"score": scale * spec_of(config).config.objective.eta})
 
     trainable = tune_adapter.labelled_trainable(
-        tune.with_resources(tune.with_parameters(trial, scale=2.0), {"cpu": 1}), labels.trial_label)
+        tune.with_resources(tune.with_parameters(trial, scale=2.0), {"cpu": 1}), trial_label)
     specs = [TrialSpec.resolve("lagrangian", {"objective.name": "lagrangian"}, {"objective.eta": eta})
              for eta in (0.1, 0.25)]
     tuner = tune.Tuner(
@@ -347,8 +339,8 @@ def test_trial_actors_show_their_trial_in_the_dashboard(local, tmp_path: Path) -
     )
     grid = tuner.fit()
     assert grid.num_errors == 0 and len(grid) == 2
-    expected = {labels.trial_label(r.metrics["trial_id"], r.config) for r in grid}
-    assert expected == {f"trial {r.metrics['trial_id']} [lagrangian objective.eta={eta}]"
+    expected = {trial_label(r.metrics["trial_id"], r.config) for r in grid}
+    assert expected == {f"trial {r.metrics['trial_id']} [lagrangian eta={eta}]"
                         for r, eta in zip(grid, (0.1, 0.25), strict=True)}
     actors = list_actors(address=local.dashboard_url, detail=True, limit=1000,
                          filters=[("class_name", "=", "trial")])

@@ -17,7 +17,7 @@ from fakes import FakeFit, fake_prepare
 @pytest.fixture(scope="module")
 def gpu_cluster():
     from studies import connection
-    from studies.pipeline import set_quiet_environment
+    from studies.environment import set_quiet_environment
 
     set_quiet_environment()
     info = connection.connect(num_cpus=4, num_gpus=4, dashboard=False)

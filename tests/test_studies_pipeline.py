@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="module")
 def cluster():
     from studies import connection
-    from studies.pipeline import set_quiet_environment
+    from studies.environment import set_quiet_environment
 
     set_quiet_environment()
     info = connection.connect(num_cpus=2, dashboard=False)
@@ -339,11 +339,11 @@ def test_the_driver_shows_progress_while_no_result_arrives(cluster, tmp_path: Pa
     assert len(held) >= 2 and all("the rest estimated after the first epoch" in x for x in held)
     for k, i in enumerate(ends, start=1):  # each trial's end, then the status with it counted
         assert search[i + 1].startswith(f"search lagrangian: {k} done, "), search[i:i + 2]
-        assert "best val_rsum " in search[i + 1] and "(objective.eta=" in search[i + 1]
+        assert "best val_rsum " in search[i + 1] and "(lagrangian eta=" in search[i + 1]
     assert status[-1].startswith("search lagrangian: 3 done, 0 running, 0 left; best val_rsum ")
     confirm = [x for x in lines if x.startswith("confirm: ")]
     assert confirm[-1].startswith("confirm: 1 done, 0 running, 0 left; best val_rsum ")
-    assert "(lagrangian, objective.eta=" in confirm[-1] and ", train.seed=1000)" in confirm[-1]
+    assert "(lagrangian eta=" in confirm[-1] and " seed=1000)" in confirm[-1]
 
 
 SIGNALLED_DRIVER = """

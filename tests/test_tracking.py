@@ -22,6 +22,7 @@ from mlflow.tracking import MlflowClient
 
 from icr.config import ExperimentConfig
 from icr.errors import UserError
+from studies.failures import error_line, failed_in_training
 from studies.frameworks import mlflow as mlflow_adapter
 from studies.tracking import (
     ERROR_TAG,
@@ -31,9 +32,8 @@ from studies.tracking import (
     Tracker,
     check_store,
     epoch_metrics,
-    error_line,
 )
-from studies.trials import KEY, TrialSpec, run_name
+from studies.trials import KEY, TrialSpec, run_name, trial_label
 
 ROOT = Path(__file__).resolve().parents[1]
 WAYS = {"sql": True, "mlflow-async": False}  # Tracker(sql_metrics=...): the two ways to record
@@ -278,60 +278,56 @@ def _record_a_study(tracker: Tracker) -> None:
     tracker.finish(parent)
 
 
-def test_a_checkpoint_that_came_without_a_mark_is_marked_then_recorded(tracker, tmp_path):
-    """One callback marks and records an epoch that came with a checkpoint: the result waits
-    for its checkpoint (not recorded on arrival), then the checkpoint a trial left unmarked (one
-    started before trials marked theirs) carries the result, Tune's bookkeeping left out, and
-    the run holds the epoch; a checkpoint the trial marked keeps its own mark."""
+def test_an_epoch_with_a_checkpoint_is_recorded_once_tune_saved_the_checkpoint(tracker, tmp_path):
+    """An epoch that came with a checkpoint is not recorded when its result arrives but when
+    Tune has saved the checkpoint (the trial marked it before): the run then holds the epoch
+    and names the checkpoint, which the driver leaves as the trial marked it."""
     from ray import tune
 
     from studies.frameworks.tune import CHECKPOINT_DIR
-    from studies.marks import mark, mark_of
+    from studies.trainable import mark, mark_of
 
     parent = tracker.create_run("study", {"icr.role": "study"})
     callback = MlflowTrialCallback(tracker, parent, {"study": "t"}, {"lag": "fp"}, {"lag": 3})
     trial = SimpleNamespace(trial_id="t0", config=_trial_config(0.1), last_result=None)
-    checkpoints = []
-    for epoch in (1, 2):
-        folder = tmp_path / f"checkpoint_00000{epoch}"
-        folder.mkdir()
-        (folder / "model.pt").write_bytes(b"weights" * epoch)
-        checkpoints.append(tune.Checkpoint.from_directory(str(folder)))
+    folder = tmp_path / "checkpoint_000001"
+    folder.mkdir()
+    (folder / "model.pt").write_bytes(b"weights")
+    checkpoint = tune.Checkpoint.from_directory(str(folder))
     result = {"epoch": 1, "val_rsum": 101.0, "trial_id": "t0", "training_iteration": 1,
               CHECKPOINT_DIR: "checkpoint_000001", "trajectory": [], "artifacts": [],
               "final": False}
+    mark(checkpoint, result)  # the trial's mark, written before Tune copied the checkpoint
+    marked = mark_of(checkpoint)
     trial.last_result = result
     callback.on_trial_result(0, [trial], trial, result)
     run_id = callback.run_id(trial)
     assert tracker.flush() == 0 and tracker.client.get_run(run_id).data.metrics == {}
 
-    callback.on_checkpoint(0, [trial], trial, checkpoints[0])
-    assert mark_of(checkpoints[0]) == {"epoch": 1, "val_rsum": 101.0, "trajectory": [],
-                                       "artifacts": [], "final": False}
+    callback.on_checkpoint(0, [trial], trial, checkpoint)
     assert tracker.flush() == 0
     assert tracker.client.get_run(run_id).data.metrics == {"epoch": 1.0, "val_rsum": 101.0}
-    assert tracker.client.get_run(run_id).data.tags["checkpoint"] == checkpoints[0].path
-
-    own = {"epoch": 2, "val_rsum": 102.0}
-    mark(checkpoints[1], own)  # the trial's mark, written before Tune copied the checkpoint
-    trial.last_result = {**result, "epoch": 2, "val_rsum": 102.0, "training_iteration": 2}
-    callback.on_checkpoint(0, [trial], trial, checkpoints[1])
-    assert mark_of(checkpoints[1]) == own
-    assert tracker.flush() == 0
-    assert tracker.client.get_run(run_id).data.metrics == {"epoch": 2.0, "val_rsum": 102.0}
+    assert tracker.client.get_run(run_id).data.tags["checkpoint"] == checkpoint.path
+    assert mark_of(checkpoint) == marked == {"epoch": 1, "val_rsum": 101.0, "trajectory": [],
+                                             "artifacts": [], "final": False}
 
 
-def test_a_tune_experiment_saved_with_the_old_marking_callback_still_loads():
-    """A Tune experiment saved before the MLflow callback marked checkpoints pickled a
-    ``studies.trainable.MarkReported`` among its callbacks: its name still loads (restoring the
-    experiment unpickles it), as a callback that leaves the checkpoints alone."""
-    import pickle
-
+def test_a_mark_without_the_sizes_of_its_files_is_no_mark(tmp_path):
+    """A checkpoint counts as marked only with the sizes of its files in its mark: one whose
+    mark lacks them is not resumed from."""
     from ray import tune
 
-    old = pickle.loads(b"cstudies.trainable\nMarkReported\n)\x81.")  # as tuner.pkl names it
-    assert isinstance(old, tune.Callback)
-    assert "on_checkpoint" not in type(old).__dict__
+    from studies.trainable import FILES, REPORTED, mark, mark_of, marked_checkpoints
+
+    folder = tmp_path / "trial" / "checkpoint_000000"
+    folder.mkdir(parents=True)
+    (folder / "model.pt").write_bytes(b"weights")
+    checkpoint = tune.Checkpoint.from_directory(str(folder))
+    mark(checkpoint, {"epoch": 1})
+    assert mark_of(checkpoint) == {"epoch": 1}
+    assert set(checkpoint.get_metadata()) == {REPORTED, FILES}
+    checkpoint.set_metadata({REPORTED: {"epoch": 1}})
+    assert mark_of(checkpoint) is None and marked_checkpoints(str(tmp_path / "trial")) == []
 
 
 def _recorded(tracker: Tracker) -> dict:
@@ -406,6 +402,39 @@ def test_error_line_and_run_name():
         "lagrangian eta=0.112 seed=1000"
 
 
+def test_a_trial_has_one_name_in_the_dashboard_the_status_lines_and_mlflow():
+    spec = TrialSpec.resolve("lagrangian", {"decoder.name": "ltd"},
+                             {"objective.eta": 0.123456, "loss.name": "infonce"})
+    assert spec.name == str(spec) == "lagrangian eta=0.123 name=infonce"  # run name, Tune's tag
+    assert trial_label("a1_00002", {KEY: spec}) == "trial a1_00002 [lagrangian eta=0.123 name=infonce]"
+    assert trial_label("a1_00003", {}) == "trial a1_00003"
+
+
+class _RayTaskError(Exception):
+    """Ray's error on the driver: the worker's exception as ``.cause``."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(f"ray task failed: {cause}")
+        self.cause = cause
+
+
+def test_the_cause_chain_gives_the_innermost_line_and_whether_training_raised_it():
+    inner = ValueError("loss is nan\nat step 3")
+    inner.icr_failed_in_training = True  # as run_trial marks what fit raised
+    try:
+        raise RuntimeError("wrapped") from inner
+    except RuntimeError as wrapped:
+        error = _RayTaskError(wrapped)
+    assert error_line(error) == "ValueError: at step 3"
+    assert failed_in_training(error)
+    assert not failed_in_training(_RayTaskError(RuntimeError("worker lost")))
+    assert not failed_in_training(None)
+    looped = RuntimeError("a")
+    looped.__cause__ = RuntimeError("b")
+    looped.__cause__.__cause__ = looped  # a cycle ends the walk
+    assert error_line(looped) == "RuntimeError: b" and not failed_in_training(looped)
+
+
 def _workspace_tracker(workspace, name: str = "t") -> Tracker:
     """A tracker as a study opens it: the workspace's sqlite store, artifacts beside it."""
     return Tracker(f"sqlite:///{workspace / 'mlflow.db'}", name, workspace / "mlartifacts")
@@ -413,14 +442,9 @@ def _workspace_tracker(workspace, name: str = "t") -> Tracker:
 
 def test_the_experiment_opens_on_its_runs_in_mlflow_3(tracker):
     """MLflow 3's UI opens an experiment tagged custom_model_development on its runs table (and
-    one without the tag on the GenAI traces page); an experiment made before the tag gets it."""
+    one without the tag on the GenAI traces page)."""
     experiment = tracker.client.get_experiment(tracker.experiment_id)
     assert experiment.tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND == "custom_model_development"
-    old = tracker.client.create_experiment("old")
-    assert EXPERIMENT_KIND_TAG not in tracker.client.get_experiment(old).tags
-    reopened = Tracker(tracker.tracking_uri, "old", tracker.artifact_root)
-    assert reopened.experiment_id == old
-    assert tracker.client.get_experiment(old).tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND
 
 
 def test_a_copied_workspace_reads_its_own_artifacts(tmp_path, monkeypatch):

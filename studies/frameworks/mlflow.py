@@ -2,15 +2,12 @@
 
 Everything else records through MLflow's public client. Two things cannot be done that way:
 
-- :func:`insert_metrics`: epoch records written into a local sqlite store in one transaction.
+- :func:`insert_metrics`: epoch records written into a local sqlite store in one transaction,
+  by :class:`RecordWriter`'s thread, each transaction holding every record queued by then.
   MLflow's ``log_batch`` builds an ORM object per value and commits each call: it records fewer
   than the 50 epochs a second that one driver recording every trial of a study needs (an epoch
   is about 40 metrics and 60 trajectory rows of 4 terms, 280 values).
-  ``benchmarks/tracking_throughput.py`` measures both: 4 trials x 10 epochs on a local store,
-  run creation included, recorded 25.1 epoch records/s through the synchronous ``log_batch``,
-  15.1 through the asynchronous one and 120.2 through these transactions (4.8 times the
-  synchronous rate) on 2 CPU cores at load average 1.5; 13.5, 7.6 and 64.2 (4.8 times) beside
-  other work at load average 4.5 to 5.4 (2026-11-26, commits cde4135 and b531192).
+  ``benchmarks/tracking_throughput.py`` measures both ways; docs/benchmarks.md has its runs.
 - :func:`relocate_artifacts`: MLflow has no API that changes an experiment's artifact location.
 
 Both write MLflow's tables (``metrics``, ``latest_metrics``, ``experiments``, ``runs``) as the
@@ -32,10 +29,11 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -183,6 +181,65 @@ def insert_metrics(db: Path, records: Sequence[tuple[str, Sequence[Metric]]]) ->
     except (_LeftToMlflow, sqlite3.IntegrityError):
         return False
     return True
+
+
+class RecordWriter:
+    """Epoch records written into a sqlite store by a background thread, each transaction
+    holding every record queued by then.
+
+    A commit costs the disk syncs of a transaction (about 20 ms on a busy machine), the rows of a
+    record about 1 ms, so records that arrive while one is written are committed with the next
+    (``benchmarks/tracking_throughput.py``). The thread runs while records are queued and is not
+    a daemon: a driver that exits writes what it queued first. A record that
+    :func:`insert_metrics` leaves to MLflow (recorded already after a resume, a deleted run) goes
+    to ``judge``: MLflow's ``log_batch``. Call :func:`check_sqlite_store` first.
+    """
+
+    def __init__(self, db: Path, judge: Callable[[str, list[Metric]], None]) -> None:
+        self.db = db
+        self._judge = judge
+        self._lock = threading.Condition()
+        self._queued: list[tuple[str, list[Metric]]] = []
+        self._running = False  # a thread writes the queue
+        self._failed: list[tuple[str, BaseException]] = []
+
+    def put(self, run_id: str, metrics: list[Metric]) -> None:
+        with self._lock:
+            self._queued.append((run_id, metrics))
+            if not self._running:
+                threading.Thread(target=self._drain, name="mlflow-record-writer").start()
+                self._running = True
+
+    def wait(self) -> list[tuple[str, BaseException]]:
+        """Wait until every queued record is written; returns (run id, error) of each record
+        that could not be, since the last wait."""
+        with self._lock:
+            self._lock.wait_for(lambda: not self._running)
+            failed, self._failed = self._failed, []
+        return failed
+
+    def _drain(self) -> None:
+        while True:
+            with self._lock:
+                records, self._queued = self._queued, []
+                if not records:
+                    self._running = False
+                    self._lock.notify_all()
+                    return
+            self._write(records)
+
+    def _write(self, records: list[tuple[str, list[Metric]]]) -> None:
+        """Never raises: the thread must go on to empty the queue (wait() waits for that)."""
+        with contextlib.suppress(Exception):  # then each record on its own, with its error
+            if insert_metrics(self.db, records):
+                return
+        for run_id, metrics in records:
+            try:
+                if not insert_metrics(self.db, [(run_id, metrics)]):
+                    self._judge(run_id, metrics)
+            except Exception as exc:  # no caller to raise to: wait() reports it
+                with self._lock:
+                    self._failed.append((run_id, exc))
 
 
 def relocate_artifacts(db: Path, root: Path) -> list[tuple[str, str, str]]:

@@ -1,4 +1,5 @@
-"""Optuna behaviour of one version that the platform works around (tested with Optuna 5.0.0).
+"""Optuna behaviour of one version that the platform works around (tested with Optuna 5.0.0, the
+version pyproject.toml pins).
 
 :class:`GridOnceSampler`: Optuna's ``GridSampler`` stops its study when the grid is exhausted
 (``study.stop()`` in its ``after_trial``), which Optuna allows only inside ``Study.optimize``;
@@ -8,8 +9,9 @@ on ``after_trial`` doing nothing else that a search needs, which is true of the 
 
 :func:`trials_to_json`, :func:`study_from_json`: a study's trials as data and back, so that a
 searcher's state is never a pickle (:mod:`studies.searcher`). Rebuilding a study with its trial
-numbers and live trials uses its storage (``study._storage``, ``study._study_id``: the storage
-API's ``create_new_trial`` with a template trial).
+numbers and live trials uses its storage through two private attributes of Optuna 5.0.0's
+``Study`` (``study._storage``, ``study._study_id``: the storage API's ``create_new_trial`` with a
+template trial); another version without them is one line naming both versions.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from optuna.distributions import distribution_to_json, json_to_distribution
 from optuna.samplers import BaseSampler, GridSampler
 from optuna.study import Study
 from optuna.trial import FrozenTrial, Trial, TrialState
+
+from studies.frameworks import reaching
 
 TESTED_VERSION = "5.0.0"
 
@@ -59,6 +63,8 @@ def study_from_json(trials: list[dict[str, Any]], direction: str,
         ValueError, KeyError, TypeError: data not of that shape (never executed: read as data).
     """
     study = optuna.create_study(direction=direction, sampler=sampler)
+    with reaching("optuna", optuna.__version__, TESTED_VERSION, "Study._storage, Study._study_id"):
+        storage, study_id = study._storage, study._study_id
     live = {}
     for number, data in enumerate(sorted(trials, key=lambda t: t["number"])):
         if data["number"] != number:
@@ -73,7 +79,7 @@ def study_from_json(trials: list[dict[str, Any]], direction: str,
             user_attrs=dict(data["user_attrs"]), system_attrs=dict(data["system_attrs"]),
             intermediate_values={int(k): float(v) for k, v in data["intermediate_values"].items()},
             trial_id=-1)
-        trial_id = study._storage.create_new_trial(study._study_id, template_trial=frozen)
+        trial_id = storage.create_new_trial(study_id, template_trial=frozen)
         live[number] = Trial(study, trial_id)
     return study, live
 

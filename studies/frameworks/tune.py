@@ -174,8 +174,8 @@ def saved_by_tune(path: Path) -> bool:
     (``search_gen_state-*`` and the searcher's ``searcher-state-*`` for a searcher,
     ``basic-variant-state-*`` for a grid).
 
-    A driver killed while Ray copied those files from its staging folder to the storage leaves a
-    file cut short (seen: an empty ``searcher-state-*.pkl``). Tune 2.60 then fails its restore
+    A driver killed while Ray copies those files from its staging folder to the storage leaves a
+    file cut short (an empty ``searcher-state-*.pkl``, say). Tune 2.60 then fails its restore
     after it has restored the concurrency limiter, logs "Restarting experiment" and waits for
     ever: the limiter still counts the trials that were running as live. Such an experiment is
     not saved whole either.
@@ -216,8 +216,7 @@ def trial_error(trial: Any) -> str | None:
 
     Tune writes a trial's error file into the driver's staging folder (``trial.error_file``) and
     copies it to the storage in the background; ``Trial.get_error`` reads the storage copy, which
-    a callback called right after the failure may not find yet (seen under load: the run's tag
-    said the trial had failed without an error while the next callback read the cause).
+    a callback called right after the failure may not find yet (on a loaded machine, often).
     """
     path = getattr(trial, "error_file", None)
     if path and Path(path).is_file():
@@ -232,9 +231,9 @@ def sigint_handler_restored(on_sigint: Callable[[], None]) -> Iterator[None]:
 
     Tune 2.60 installs its SIGINT handler when ``fit`` starts (unless TUNE_DISABLE_SIGINT_HANDLER
     is set, or outside the main thread) and leaves it installed when ``fit`` returns: a Ctrl-C
-    after that (while the next phase started, or the report was written) went to the finished
-    run's handler, which stopped nothing, and was lost. On a SIGINT that handler puts back the
-    handler it found: finding it back means a SIGINT came.
+    after that (while the next phase starts, or the report is written) would go to the finished
+    run's handler, which stops nothing. On a SIGINT that handler puts back the handler it
+    found: finding it back means a SIGINT came.
     """
     before = signal.getsignal(signal.SIGINT)
     installs = (not int(os.environ.get("TUNE_DISABLE_SIGINT_HANDLER", "0"))
