@@ -169,7 +169,7 @@ def test_the_static_step_traces_without_a_graph_break(arch, workspace):
 
     task = _task(arch, workspace, static=True)
     inputs = task.step_inputs(next(task.batches(0)))
-    torch._dynamo.reset()
+    torch.compiler.reset()
     with torch._dynamo.config.patch(allow_rnn=True):
         explanation = torch._dynamo.explain(task.loss_of)(inputs)
     reasons = [str(b.reason).splitlines()[0] for b in explanation.break_reasons]
