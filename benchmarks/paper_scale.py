@@ -11,7 +11,8 @@ float32 written chunk by chunk through a memory map (never whole in memory), the
 (5 captions an image, COCO's mean of 10.5 words from a 1,000-word vocabulary) and the ids files.
 ``--images`` training images (default and at most 113,287: COCO's Karpathy train with restval),
 5,000 each for validation and test (fewer when ``--images`` is small). At full size the folder
-takes 36 GB.
+takes 36 GB; ``--sparse`` leaves the features as holes in a sparse file instead (zeros, no disk
+and seconds to write: the same shapes, pages and memory for a measurement of memory and speed).
 
 Then, for each K of ``--trials``, K trial processes start at once, each building the trial's
 task exactly as a trial does (the paper recipe of ``--recipe``, its data prepared beforehand
@@ -54,7 +55,8 @@ REGIONS, DIM = 36, 2048  # BUTD's precomputed features
 WORDS, CAPTION_WORDS = 1_000, 10.5  # COCO: about 10.5 words a caption
 
 
-def write_folder(folder: Path, images: int, seed: int = 0, chunk: int = 2_000) -> None:
+def write_folder(folder: Path, images: int, seed: int = 0, chunk: int = 2_000,
+                 sparse: bool = False) -> None:
     """The COCO-shaped precomputed folder of the module docstring."""
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
@@ -63,7 +65,7 @@ def write_folder(folder: Path, images: int, seed: int = 0, chunk: int = 2_000) -
     for split, n in (("train", images), ("val", evaluation), ("test", evaluation)):
         features = np.lib.format.open_memmap(folder / f"{split}_ims.npy", mode="w+",
                                              dtype=np.float32, shape=(n, REGIONS, DIM))
-        for start in range(0, n, chunk):
+        for start in range(0, 0 if sparse else n, chunk):  # sparse: the file's holes read as 0
             stop = min(start + chunk, n)
             # BUTD features are non-negative (pooled ReLU outputs), mostly small
             features[start:stop] = rng.exponential(0.5, (stop - start, REGIONS, DIM))
@@ -186,6 +188,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--folder", type=Path, required=True)
     parser.add_argument("--write", action="store_true", help="write the folder first")
+    parser.add_argument("--sparse", action="store_true",
+                        help="with --write: the features as a sparse file of zeros")
     parser.add_argument("--images", type=int, default=COCO_TRAIN)
     parser.add_argument("--trials", type=int, nargs="*", default=[1, 2, 4])
     parser.add_argument("--steps", type=int, default=20)
@@ -205,7 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not 0 < args.images <= COCO_TRAIN:
             parser.error(f"--images must lie in 1..{COCO_TRAIN}")
         start = time.perf_counter()
-        write_folder(args.folder, args.images)
+        write_folder(args.folder, args.images, sparse=args.sparse)
         print(f"folder written in {time.perf_counter() - start:.0f} s", flush=True)
     train = np.load(args.folder / "train_ims.npy", mmap_mode="r")
     print(f"{args.folder}: {len(train):,} training images x {train.shape[1:]} "

@@ -233,7 +233,8 @@ def test_placement_fills_the_budget_in_order():
 
 def _batches(budget: float = 1e9, prefetch: bool | None = None, pixels: bool = False,
              sampler: str = "pairs", erasing: float = 0.0, targets: str = "device",
-             unk_prob: float = 0.0, delete_prob: float = 0.0, seed: int = 0):
+             unk_prob: float = 0.0, delete_prob: float = 0.0, seed: int = 0,
+             static_shapes: bool = False):
     g = np.random.default_rng(1)
     caption_image = np.repeat(np.arange(12), 3)  # 36 captions, 3 per image
     if pixels:
@@ -251,7 +252,7 @@ def _batches(budget: float = 1e9, prefetch: bool | None = None, pixels: bool = F
         targets=target, sampler=sampler, batch_size=4 if sampler == "images" else 8,
         epoch_unit="captions", seed=seed, unk_prob=unk_prob, delete_prob=delete_prob,
         random_erasing=erasing, normalize=imagenet_normalize, device=torch.device("cpu"),
-        prefetch=prefetch), array, table, target_array, caption_image
+        prefetch=prefetch, static_shapes=static_shapes), array, table, target_array, caption_image
 
 
 def _equal(a: dict, b: dict) -> bool:
@@ -285,6 +286,43 @@ def test_an_epoch_is_a_function_of_the_seed_and_the_epoch():
     c = list(_batches(unk_prob=0.3, delete_prob=0.3)[0].epoch(2))
     assert all(_equal(x, y) for x, y in zip(a, b, strict=True))
     assert not all(_equal(x, y) for x, y in zip(a, c, strict=True))
+
+
+def test_epochs_planned_ahead_in_a_thread_are_the_epochs_planned_in_place():
+    """A thread plans epoch e + 1 while e trains; epoch e read twice (SWA's BatchNorm refresh
+    reads an epoch again) and epochs out of order are the same batches as without it."""
+    kw = {"pixels": True, "erasing": 0.5, "unk_prob": 0.3, "delete_prob": 0.3}
+    ahead = _batches(**kw)[0]
+    ahead.plan_ahead = True
+    plain = _batches(**kw)[0]
+    for epoch in (0, 0, 1, 2, 5, 3):
+        got, expected = list(ahead.epoch(epoch)), list(plain.epoch(epoch))
+        assert len(got) == len(expected)
+        assert all(_equal(x, y) for x, y in zip(got, expected, strict=True)), epoch
+    assert ahead._ahead[0] == 4  # planning the epoch after the last one read
+    assert plain._ahead is None  # the CPU default: no thread
+
+
+def test_static_shapes_pad_captions_to_a_few_lengths_and_keep_lengths_on_the_device():
+    """Each batch's captions are padded to the first of 8, 16, 24, ... that holds its longest
+    caption (the plan is wide enough for it); the ids and lengths are the exact batch's."""
+    from icr.data.batches import padded_length
+
+    assert [padded_length(n, 512) for n in (1, 8, 9, 17, 33, 49, 97)] == [8, 8, 16, 24, 48,
+                                                                         64, 128]
+    assert padded_length(30, 20) == 20 and padded_length(600, 1000) == 600
+    static = _batches(delete_prob=0.2, static_shapes=True)[0]
+    exact = _batches(delete_prob=0.2)[0]
+    for s_batch, e_batch in zip(static.epoch(0), exact.epoch(0), strict=True):
+        width = e_batch["tokens"].shape[1]
+        assert s_batch["tokens"].shape[1] == padded_length(width, 512)
+        assert torch.equal(s_batch["tokens"][:, :width], e_batch["tokens"])
+        assert (s_batch["tokens"][:, width:] == 0).all()
+        assert torch.equal(s_batch["lengths"], e_batch["lengths"])
+        assert torch.equal(s_batch["clean_lengths"], e_batch["clean_lengths"])
+        clean_width = e_batch["clean_tokens"].shape[1]
+        assert s_batch["clean_tokens"].shape[1] == padded_length(clean_width, 512)
+        assert torch.equal(s_batch["clean_tokens"][:, :clean_width], e_batch["clean_tokens"])
 
 
 @pytest.mark.parametrize("pixels", [False, True])

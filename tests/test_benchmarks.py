@@ -316,6 +316,12 @@ def test_paper_scale_writes_a_precomputed_folder_the_loader_reads(tmp_path):
     assert train.images.num_captions == 1200 and val.images.num_images == 12
     words = [len(c.split()) for c in train.images.captions]
     assert 9.5 < np.mean(words) < 11.5  # COCO's 10.5
+    assert train.features[:5].min() >= 0 and train.features[:5].max() > 0
+    load("paper_scale").write_folder(tmp_path / "sparse", images=240, sparse=True)
+    sparse = load_precomp(tmp_path / "sparse", "train")
+    assert sparse.features.shape == (240, 36, 2048) and not sparse.features[::40].any()
+    allocated = (tmp_path / "sparse" / "train_ims.npy").stat().st_blocks * 512
+    assert allocated < train.features.nbytes / 10  # holes: no disk for the features
 
 
 @pytest.mark.slow
