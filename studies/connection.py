@@ -39,12 +39,13 @@ from studies.launcher import LocalInstance
 
 JOIN_TIMEOUT_S = 5.0  # how long a cluster given with --address may take to answer
 MAX_CPUS_PER_TRIAL = 8  # a trial's data loading and evaluation use no more cores than this
-# NVIDIA MPS: `nvidia-cuda-mps-control -d` runs the control daemon, which creates the named pipe
-# `control` in its pipe folder (CUDA_MPS_PIPE_DIRECTORY, /tmp/nvidia-mps by default); the
-# daemon starts an `nvidia-cuda-mps-server` for the first CUDA process that connects.
+# NVIDIA MPS: `nvidia-cuda-mps-control -d` runs the control daemon, which writes its pid file into
+# its pipe folder (CUDA_MPS_PIPE_DIRECTORY, /tmp/nvidia-mps by default) and removes it when it
+# quits; its `control` socket stays behind (seen on an H200 machine's driver, 2026-11-27).
 MPS_PIPE_VARIABLE = "CUDA_MPS_PIPE_DIRECTORY"
 MPS_DEFAULT_PIPE_DIR = "/tmp/nvidia-mps"
 MPS_DAEMON = "nvidia-cuda-mps-control"
+MPS_PID_FILE = "nvidia-cuda-mps-control.pid"
 
 
 @dataclass(frozen=True)
@@ -155,21 +156,16 @@ def gpu_fraction(trials: int) -> float:
 def mps_state(environ: Mapping[str, str] = os.environ) -> str:
     """Whether NVIDIA MPS runs on this node, in words: "running (...)" or "not running".
 
-    Read without CUDA: the control daemon's process, or its named pipe ``control`` in the pipe
-    folder (the daemon may run in another container that shares the folder).
+    Read without CUDA: the control daemon's process, or its pid file in the pipe folder (a
+    daemon in another container that shares the folder; one killed without quitting leaves its
+    pid file too).
     """
-    pipe = Path(environ.get(MPS_PIPE_VARIABLE) or MPS_DEFAULT_PIPE_DIR) / "control"
-    daemons = []
     for proc in psutil.process_iter(["name"]):
         if proc.info["name"] == MPS_DAEMON:
-            daemons.append(proc.pid)
-    if daemons:
-        return f"running (control daemon pid {daemons[0]}, pipe folder {pipe.parent})"
-    try:
-        if pipe.is_fifo():
-            return f"running (control pipe {pipe})"
-    except OSError:
-        pass
+            return f"running (control daemon pid {proc.pid})"
+    pid_file = Path(environ.get(MPS_PIPE_VARIABLE) or MPS_DEFAULT_PIPE_DIR) / MPS_PID_FILE
+    if pid_file.is_file():
+        return f"running (control daemon's pid file {pid_file})"
     return "not running"
 
 
