@@ -316,7 +316,10 @@ class Watcher:
 
     def take_node_of(self, pid: int) -> None:
         raylet = psutil.Process(pid).parent()
-        assert raylet.pid in self.workers, "the held trial does not run on a worker node"
+        if raylet.pid not in self.workers:  # the test fails on it; the study goes on
+            self.lost = {"pid": pid, "raylet": None, "at": time.monotonic()}
+            (self.gate / "go").touch()
+            return
         for proc in [raylet, *raylet.children(recursive=True)]:
             with contextlib.suppress(psutil.NoSuchProcess):
                 proc.send_signal(signal.SIGKILL)
@@ -403,7 +406,7 @@ def test_a_study_grows_an_autoscaling_cluster_survives_a_lost_node_and_lets_it_s
         # The lost trial: its first call reported epoch 1 and was lost before reporting epoch 2;
         # a second call, on another node, continued after epoch 1 and reported epoch 2; each
         # training step in one of them only.
-        assert watcher.lost, "no trial was held on a worker node"
+        assert watcher.lost and watcher.lost["raylet"], "no trial was held on a worker node"
         lost = next(c for c in calls if c["pid"] == watcher.lost["pid"])
         resumed = [c for c in calls if _trial(c) == _trial(lost) and c is not lost]
         assert len(resumed) == 1, resumed
