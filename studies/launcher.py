@@ -82,6 +82,20 @@ class LocalInstance:
         return (self.temp_dir / ray_internals.SESSION_LINK).resolve()
 
 
+@dataclass(frozen=True)
+class Autoscaling:
+    """The autoscaler a head runs: ``ray start --head --autoscaling-config=config``.
+
+    ``port``: the GCS port (an autoscaler's config may name the head's address, e.g. Ray's fake
+    multi-node provider, whose nodes join it); ``env``: variables of the head's processes, the
+    autoscaler's included (e.g. ``RAY_FAKE_CLUSTER=1``, ``AUTOSCALER_UPDATE_INTERVAL_S``).
+    """
+
+    config: Path
+    port: int = 0
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
 # --- private instances: `ray start --block` launchers ------------------------------------------
 
 
@@ -94,18 +108,20 @@ def start_head(
     system_config: Mapping[str, Any] | None = None,
     timeout: float = START_TIMEOUT_S,
     owner: str | None = None,
+    autoscaling: Autoscaling | None = None,
 ) -> LocalInstance:
     """Start a head node on 127.0.0.1 with free ports and its own temp folder; wait until it runs.
 
     Token authentication is on (as ``ray.init`` does it) unless RAY_AUTH_MODE says otherwise.
     ``system_config``: Ray system settings (``--system-config``), e.g. faster health checks.
-    ``owner``: the prefix of the instance's marker (:func:`new_marker`). A ``ray start`` that
-    gives up is tried again (:func:`_retried`).
+    ``owner``: the prefix of the instance's marker (:func:`new_marker`). ``autoscaling``: the
+    head's autoscaler (its config file, GCS port and environment; tests of autoscaling). A
+    ``ray start`` that gives up is tried again (:func:`_retried`).
     """
     if ray_internals.enable_token_auth():
         protect_token()
     return _retried(lambda: _start_head_once(num_cpus, num_gpus, dashboard, resources,
-                                             system_config, timeout, owner))
+                                             system_config, timeout, owner, autoscaling))
 
 
 def new_marker(owner: str | None = None) -> str:
@@ -147,24 +163,27 @@ def _retried(start_once: Callable[[], LocalInstance]) -> LocalInstance:
 def _start_head_once(num_cpus: int | None, num_gpus: int | None, dashboard: bool,
                      resources: Mapping[str, float] | None,
                      system_config: Mapping[str, Any] | None, timeout: float,
-                     owner: str | None) -> LocalInstance:
+                     owner: str | None, autoscaling: Autoscaling | None) -> LocalInstance:
     marker = new_marker(owner)
     temp_dir = _new_temp_dir(marker)
     # Ray has no "pick a free port" for these three (the two metrics ports come from the
     # environment of the dashboard and the autoscaler monitor).
     names = ("ray_client_server", "dashboard_metrics", "autoscaler_metrics")
     ports = dict(zip(names, free_ports(len(names)), strict=True))
+    port = autoscaling.port if autoscaling is not None else 0
     cmd = [sys.executable, "-c", _HEAD_SCRIPT, str(PROJECT_ROOT), str(temp_dir), "start", "--head",
-           "--node-ip-address", LOOPBACK, "--port", "0", "--dashboard-host", LOOPBACK,
+           "--node-ip-address", LOOPBACK, "--port", str(port), "--dashboard-host", LOOPBACK,
            "--dashboard-port", "0", "--include-dashboard", str(dashboard).lower(),
            "--ray-client-server-port", str(ports["ray_client_server"]),
            *_node_options(temp_dir, num_cpus, num_gpus, resources)]
     if system_config:
         cmd += ["--system-config", json.dumps(dict(system_config))]
+    if autoscaling is not None:
+        cmd += ["--autoscaling-config", str(autoscaling.config)]
     keep_loopback, value = ray_internals.KEEP_LOOPBACK_VARIABLE
     dashboard_port, autoscaler_port = ray_internals.METRICS_PORT_VARIABLES
-    env = {**_launcher_env(marker), keep_loopback: value,
-           dashboard_port: str(ports["dashboard_metrics"]),
+    env = {**_launcher_env(marker), **(autoscaling.env if autoscaling is not None else {}),
+           keep_loopback: value, dashboard_port: str(ports["dashboard_metrics"]),
            autoscaler_port: str(ports["autoscaler_metrics"])}
     address_file = temp_dir / ray_internals.ADDRESS_FILE  # written by `ray start` once it runs
 

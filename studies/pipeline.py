@@ -147,13 +147,14 @@ def run_study(
         stop_recorded_instance(record)
         check_store(plan.tracking_uri)
         fingerprints = prepare_data(plan, backend, say)
-        cluster = connection.connect(plan.address, dashboard=plan.dashboard, record=record)
+        cluster = connection.connect(plan.address, dashboard=plan.dashboard, record=record,
+                                     reachable_gpus=plan.gpus)
         failed = True
         try:
             stops.check()  # a KeyboardInterrupt raised while Ray started can be lost
             with StopSignals() as inner:
                 check_storage(plan.storage_root, cluster.nodes, hosts=cluster.hosts)
-                resources = cluster.trial_resources(plan.cpus_per_trial)
+                resources = cluster.trial_resources(plan.cpus_per_trial, plan.trials_per_gpu)
                 say(cluster.describe(resources))
                 say(connection.dashboard_hint(cluster))
                 session = open_session(plan, run_dir, cluster, resources, fingerprints, backend,
@@ -261,7 +262,7 @@ def run_phases(session: Session, say: Callable[[str], None]) -> Path:
         session.save_state(phase="report")
     failed = check_planned_runs(session)
     out = build_report(plan.study, session.tracker, plan.report_dir, session.parent_id,
-                       plan.workspace, ray_evaluator(plan.storage_root, session.cluster.gpus))
+                       plan.workspace, ray_evaluator(plan.storage_root, session.cluster.reachable_gpus))
     session.tracker.finish(session.parent_id, "FINISHED")
     session.check_stop()  # a report interrupted is not a report: made again by the next run
     say(f"report: {out}" + (f" ({failed}; the report's notes say which)" if failed else ""))

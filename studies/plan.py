@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,7 @@ from icr.workspace import Workspace
 from studies.catalog import Recipe, Study, space_path
 from studies.space import Domain, grid_size, load_space
 
+TRIALS_PER_GPU_VARIABLE = "ICR_TRIALS_PER_GPU"  # a machine's --trials-per-gpu (its GPUs' size)
 CONFIRM_SEED_BASE = 1000  # confirmation seeds are 1000, 1001, ...: never a search trial's seed
 TRACKING_SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks")
 STORAGE_SCHEMES = ("s3", "gs", "gcs")
@@ -59,6 +60,8 @@ class Options:
     storage: str | None = None
     cpus_per_trial: int | None = None
     dashboard: bool = True
+    trials_per_gpu: int | None = None  # --trials-per-gpu (None: ICR_TRIALS_PER_GPU, else 1)
+    gpus: int | None = None  # --gpus with --address: the most GPUs the cluster can reach
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,8 @@ class StudyPlan:
     address: str | None = None  # a Ray cluster to join; None: start a private instance
     cpus_per_trial: int | None = None
     dashboard: bool = True
+    trials_per_gpu: int = 1  # trials sharing one GPU (each reserves 1/N of it)
+    gpus: int | None = None  # the most GPUs the cluster can reach, as stated (None: read it)
 
     @property
     def recipe_name(self) -> str:
@@ -196,7 +201,8 @@ class StudyPlan:
             tracking_uri=check_tracking_uri(options.tracking_uri or workspace.mlflow_uri),
             storage_root=check_storage_uri(options.storage or str(workspace.ray)),
             address=options.address, cpus_per_trial=options.cpus_per_trial,
-            dashboard=options.dashboard,
+            dashboard=options.dashboard, trials_per_gpu=trials_per_gpu(options.trials_per_gpu),
+            gpus=options.gpus,
         )
         missing = plan.missing()
         if strict and missing:
@@ -275,6 +281,23 @@ def _can_create_in(folder: Path) -> bool:
     except OSError:
         return False
     return True
+
+
+def trials_per_gpu(given: int | None, environ: Mapping[str, str] = os.environ) -> int:
+    """Trials that share one GPU: ``--trials-per-gpu N``, else the machine's setting
+    (:data:`TRIALS_PER_GPU_VARIABLE`: how many of a study's trials its GPUs hold is a property
+    of the machine, as the workspace is), else 1. A bad value is a one-line UserError."""
+    if given is not None:
+        if given < 1:
+            raise UserError(f"--trials-per-gpu {given}: give 1 or more trials per GPU")
+        return given
+    text = environ.get(TRIALS_PER_GPU_VARIABLE, "").strip()
+    if not text:
+        return 1
+    if not text.isdigit() or int(text) < 1:
+        raise UserError(f"{TRIALS_PER_GPU_VARIABLE}={text}: give a whole number of trials per GPU, "
+                        "1 or more (or unset it)")
+    return int(text)
 
 
 def check_tracking_uri(uri: str) -> str:

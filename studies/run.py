@@ -71,7 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --plan: time N training steps of each condition here and "
                         "estimate the study's wall time and device-hours")
     p.add_argument("--gpus", type=int, metavar="N",
-                   help="with --plan: estimate for a cluster of N GPUs (default: this machine)")
+                   help="the most GPUs the cluster can reach: with --plan, estimate for N GPUs "
+                        "(default: this machine); with --address, size the study for N "
+                        "(default: read from the cluster's autoscaler)")
     p.add_argument("--resume", action="store_true",
                    help="continue the study's unfinished run (also done without it)")
     p.add_argument("--fresh", action="store_true", help="start a new run even if one is unfinished")
@@ -85,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=int, help="confirmation seeds per condition (default 3)")
     p.add_argument("--budget", type=int, help="trials per condition (default: the study's)")
     p.add_argument("--cpus-per-trial", type=int, help="CPUs reserved per trial")
+    p.add_argument("--trials-per-gpu", type=int, metavar="N",
+                   help="N trials share each GPU, each reserving 1/N of it and 1/N of its "
+                        "node's cores per GPU (default: ICR_TRIALS_PER_GPU, else 1)")
     p.add_argument("--no-dashboard", action="store_true", help="start Ray without its dashboard")
     p.add_argument("--verbose", action="store_true", help="show Ray Tune's status tables")
     return p
@@ -192,12 +197,13 @@ def _run(args: argparse.Namespace, backend: object | None, extra: Mapping[str, S
         seeds=args.seeds,
         budget=args.budget, workspace=args.workspace, tracking_uri=args.tracking_uri,
         address=args.address, storage=args.storage, cpus_per_trial=args.cpus_per_trial,
-        dashboard=not args.no_dashboard,
+        dashboard=not args.no_dashboard, trials_per_gpu=args.trials_per_gpu,
+        gpus=args.gpus if args.address else None,
     )
     if args.calibrate is not None and (not args.plan or args.calibrate < 1):
         raise UserError("--calibrate N goes with --plan, N >= 1 (e.g. --plan --calibrate 20)")
-    if args.gpus is not None and (not args.plan or args.gpus < 1):
-        raise UserError("--gpus N goes with --plan, N >= 1")
+    if args.gpus is not None and (not (args.plan or args.address) or args.gpus < 1):
+        raise UserError("--gpus N goes with --plan or --address, N >= 1")
     # every user mistake surfaces here, nothing written yet (--plan lists what a recipe lacks)
     plan = StudyPlan.build(study, options, strict=not args.plan)
     if args.plan:

@@ -3,8 +3,9 @@
 Everything about starting, joining and authenticating to a Ray cluster that Ray's public API
 cannot do: keeping a loopback address as given (Ray replaces 127.0.0.1 by the machine's address,
 where a loopback-only instance does not listen), Ray's token files, the address file that
-``ray start`` writes and ``--address auto`` reads, and the lines and files by which a node
-started with ``ray start`` tells that it runs. The modules that use them
+``ray start`` writes and ``--address auto`` reads, the lines and files by which a node
+started with ``ray start`` tells that it runs, and where the autoscaler of a cluster keeps the
+node types it can add (:func:`autoscaler_config_file`). The modules that use them
 (:mod:`studies.launcher`, :mod:`studies.connection`) use Ray's public API for the rest.
 """
 
@@ -16,6 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import ray
+
+import psutil  # isort: skip - after ray, which ships the psutil it uses
 
 from studies.frameworks import reaching
 
@@ -39,6 +42,15 @@ JOIN_LOOPBACK_PRELUDE = (
     "import ray._private.services as services\n"
     "services.resolve_ip_for_localhost = lambda host: host\n"
 )
+# The autoscaler of a cluster is the process `ray start --head --autoscaling-config=FILE` starts
+# on the head: `python -u .../ray/autoscaler/_private/monitor.py --gcs-address=HOST:PORT
+# --autoscaling-config=FILE ...` (autoscaler v2: .../ray/autoscaler/v2/monitor.py). Its node types
+# are in FILE only: Ray 2.60 publishes them nowhere a driver can read (the GCS's "cluster config"
+# key, which Ray Data reads, stays empty under both autoscalers).
+MONITOR_SCRIPTS = (os.path.join("autoscaler", "_private", "monitor.py"),
+                   os.path.join("autoscaler", "v2", "monitor.py"))
+MONITOR_GCS_OPTION = "--gcs-address="
+MONITOR_CONFIG_OPTION = "--autoscaling-config="
 
 
 def _reaching(what: str) -> contextlib.AbstractContextManager[None]:
@@ -103,3 +115,42 @@ def local_token() -> str | None:
     with contextlib.suppress(OSError):
         return token_path().read_text().strip() or None
     return None
+
+
+def autoscaler_config_file(gcs_address: str) -> Path | None:
+    """The config file of the autoscaler serving the cluster at ``gcs_address`` (``HOST:PORT``),
+    where that autoscaler runs on this machine as this user (a driver on the head node, as
+    ``ray exec cluster.yaml`` runs it); ``None`` elsewhere, or for a cluster without one.
+
+    The autoscaler is found by its command line (:data:`MONITOR_SCRIPTS`): the one whose GCS
+    address is ``gcs_address``, else the only one on its port (the same head seen through
+    another of its addresses).
+    """
+    port = gcs_address.rpartition(":")[2]
+    exact, same_port = [], []
+    for proc in psutil.process_iter():
+        try:
+            if proc.uids().real != os.getuid():
+                continue
+            args = proc.cmdline()
+            if not any(a.endswith(MONITOR_SCRIPTS) for a in args[:4]):
+                continue
+            gcs = _option(args, MONITOR_GCS_OPTION)
+            config = _option(args, MONITOR_CONFIG_OPTION)
+            if gcs is None or config is None:
+                continue  # an autoscaler without a config: a cluster that cannot grow
+            path = Path(os.path.expanduser(config))
+            path = path if path.is_absolute() else Path(proc.cwd()) / path
+        except (psutil.Error, OSError):
+            continue
+        if gcs == gcs_address:
+            exact.append(path)
+        elif gcs.rpartition(":")[2] == port:
+            same_port.append(path)
+    if exact:
+        return exact[0]
+    return same_port[0] if len(same_port) == 1 else None
+
+
+def _option(args: list[str], prefix: str) -> str | None:
+    return next((a[len(prefix):] for a in args if a.startswith(prefix)), None)
