@@ -33,7 +33,7 @@ import yaml
 import psutil  # isort: skip - after ray, which ships the psutil it uses
 
 from icr.errors import UserError
-from studies import launcher, processes, records
+from studies import launcher, records, signals
 from studies.frameworks import ray as ray_internals
 from studies.launcher import LocalInstance
 
@@ -318,7 +318,7 @@ def _start_private(num_cpus: int | None, num_gpus: int | None, dashboard: bool,
     instance = launcher.start_head(num_cpus=num_cpus, num_gpus=num_gpus, dashboard=dashboard,
                                    owner=owner)
     try:
-        with ray_internals.loopback_stays_loopback(), processes.handlers_kept():
+        with ray_internals.loopback_stays_loopback(), signals.handlers_kept():
             info = ray.init(address=instance.address, log_to_driver=False, configure_logging=False)
         dashboard_url = _url(info.dashboard_url)
         if record is not None:
@@ -334,7 +334,7 @@ def _join(address: str, stated_gpus: int | None = None) -> Cluster:
     gcs = reachable_gcs(address)
     ray_internals.send_token_if_present()
     try:
-        with ray_internals.loopback_stays_loopback(), processes.handlers_kept():
+        with ray_internals.loopback_stays_loopback(), signals.handlers_kept():
             info = ray.init(address=gcs, log_to_driver=False, configure_logging=False)
     except (ConnectionError, RuntimeError, ValueError, ray.exceptions.RayError) as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

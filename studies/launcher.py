@@ -147,7 +147,7 @@ def _retried(start_once: Callable[[], LocalInstance]) -> LocalInstance:
     """``start_once()``, again (up to START_ATTEMPTS times, each in a new temp folder) while its
     ``ray start`` exits before the node runs. On a machine starved of CPU a node can need more
     than the 30 s Ray gives its raylet to register ("The current node timed out during startup",
-    a constant of Ray's node startup), or its dashboard can answer too late; both seen in CI.
+    a constant of Ray's node startup), or its dashboard can answer too late.
     """
     for attempt in range(1, START_ATTEMPTS + 1):
         try:

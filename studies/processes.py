@@ -25,8 +25,7 @@ from typing import Any
 
 import psutil
 
-# handlers_kept: studies/connection.py calls it as processes.handlers_kept
-from studies.signals import STOP_SIGNALS, handlers_kept  # noqa: F401
+from studies.signals import STOP_SIGNALS
 
 log = logging.getLogger(__name__)
 

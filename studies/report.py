@@ -179,10 +179,10 @@ def write_table(table: Table, study: Study, runs: RunSet, labels: dict[str, str]
 
 def summary_metric(condition: str, key: str, statistic: str) -> str:
     """The parent run's metric of one table cell: ``report/lagrangian.test_rsum.mean``. MLflow
-    3.17's UI makes a chart section per name prefix before the *last* ``/`` (seen in headless
-    Chromium, ``benchmarks/mlflow_ui_check.py``), so the name has exactly one: the report's
-    aggregates form one section, ``report``, beside the trials' own (a ``/`` inside a metric's
-    own name, e.g. ``negatives/true_negative``, becomes ``.``)."""
+    3.17's UI makes a chart section per name prefix before the *last* ``/``
+    (``benchmarks/mlflow_ui_check.py`` checks it in a headless Chromium), so the name has
+    exactly one: the report's aggregates form one section, ``report``, beside the trials' own (a
+    ``/`` inside a metric's own name, e.g. ``negatives/true_negative``, becomes ``.``)."""
     return f"{SUMMARY_PREFIX}/{condition}.{key.replace('/', '.')}.{statistic}"
 
 
