@@ -42,7 +42,10 @@ class Recording:
 
 
 @contextmanager
-def record(graph: Recording, pool: object = None):
+def record(graph: Recording, pool: object = None, capture_error_mode: str = "global"):
+    # the prefetch thread pins and copies while a step is captured: only the capturing thread
+    # may be held to the capture's rules (a global capture failed with it on an H200)
+    assert capture_error_mode == "thread_local"
     Recording.active = graph
     try:
         yield

@@ -26,7 +26,9 @@ Each new (key, shapes) runs ``warmup`` eager steps first, on a side stream as Py
 (lazy state: the optimiser's moments, cuDNN's workspaces), then is captured and replayed; the
 capture records without running, so the step of the batch at hand is its first replay. All
 graphs share one memory pool: only the model's and the optimiser's state (allocated outside the
-graphs) carries values from one step to the next. A capture that fails (an op that cannot be
+graphs) carries values from one step to the next. Other threads may use CUDA during a capture
+(``capture_error_mode="thread_local"``): the thread that prefetches host rows of a split too
+large for the device pins and copies them on its own stream meanwhile. A capture that fails (an op that cannot be
 captured) logs why and the step stays eager from then on; ``train.cuda_graphs=false`` runs eagerly
 from the start.
 """
@@ -128,8 +130,10 @@ class GraphedStep:
         step cannot be captured."""
         entry.inputs = {name: tensor.clone() for name, tensor in inputs.items()}
         graph = self._new_graph()
+        # thread_local: only this thread's calls that a capture forbids fail it; the thread
+        # that prefetches host rows (pinning, copying on its own stream) goes on meanwhile
         try:  # the first capture creates the memory pool the others share
-            with self._capture_context(graph, pool=self._pool):
+            with self._capture_context(graph, pool=self._pool, capture_error_mode="thread_local"):
                 entry.outputs = self.step(entry.inputs)
         except RuntimeError as exc:
             self.enabled = False
