@@ -161,7 +161,10 @@ def profile_steps(batches: Iterator[Any], step: Callable[[Any], None], steps: in
             step(next(batches))
         torch.cuda.synchronize()
         wall_us = (time.perf_counter() - start) * 1e6
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    # kernels and copies; not the GPU-side spans of annotations (an optimiser's step), which
+    # cover the gaps between their kernels too
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+               and not getattr(e, "is_user_annotation", False)]
     share = busy_share([(e.time_range.start, e.time_range.end) for e in kernels], wall_us)
     totals: dict[str, float] = {}
     for e in kernels:

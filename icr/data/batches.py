@@ -13,8 +13,8 @@ Inputs that do not fit the trial's device budget stay in host memory (memory-map
 CUDA a thread gathers the coming batches' rows into pinned memory and copies them on a side
 stream while the current step runs (:class:`_Prefetch`); on the CPU they are gathered in place.
 On CUDA a thread also plans the next epoch while this one trains (``plan_ahead``): a plan is
-host work (word dropout over every caption), about a second for COCO's 566,435 captions, which
-would otherwise stall the GPU at every epoch's first batch.
+host work (the order and the word dropout of every caption), which would otherwise stall the
+GPU at every epoch's first batch.
 
 A batch is a dict: ``images`` ``(B, ...)`` (the encoder's input), ``image_index`` ``(B,)`` (the
 dataset index of each pair's image), ``tokens`` ``(B, T)`` and ``lengths`` ``(B,)`` (augmented
