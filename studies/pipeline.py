@@ -10,13 +10,14 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from filelock import FileLock
 
 from icr.config import ExperimentConfig, key_specs, to_flat, used_keys
+from icr.data.datasets import load_source
 from icr.errors import ConfigError
 from icr.train.tasks import Prepared, check_fits, prepare
 from icr.workspace import Workspace
@@ -47,7 +48,13 @@ DATA_PREFIXES = ("task.", "data.", "text.", "decoder.target_model", "grounding."
 
 
 def default_prepare(config: ExperimentConfig, workspace: Workspace) -> Prepared:
-    return prepare(config, workspace)
+    """icr's preparation; the embedded benchmark's data fingerprint is its manifest's (every file,
+    region features included: the same on every CPU), printed at start and in every report."""
+    from icr.data.synthetic import read_manifest  # lazy: the generator stays off the CLI's start
+
+    prepared = prepare(config, workspace)
+    manifest = read_manifest(load_source(config, workspace).root)
+    return replace(prepared, fingerprint=manifest["fingerprint"]) if manifest else prepared
 
 
 @dataclass(frozen=True)
@@ -98,6 +105,7 @@ def prepare_data(plan: StudyPlan, backend: Backend, say: Callable[[str], None]) 
         if key not in done:
             say(f"preparing data for {condition.name} ...")
             done[key] = backend.prepare(condition.config, plan.workspace)
+            say(f"  data fingerprint {done[key].fingerprint}")
         check_against_data(plan, condition, done[key])
         prints[condition.name] = done[key].fingerprint
     return prints
@@ -215,7 +223,8 @@ def open_session(
                        "description": plan.study.description,
                        "conditions": ",".join(c.name for c in plan.conditions),
                        **{f"label.{c.name}": c.label for c in plan.conditions},
-                       **{f"searched.{c.name}": ",".join(c.domains) for c in plan.conditions}}
+                       **{f"searched.{c.name}": ",".join(c.domains) for c in plan.conditions},
+                       **{f"data_fingerprint.{c}": f for c, f in fingerprints.items()}}
         params = {"budget": plan.budget, "seeds": ",".join(map(str, plan.seeds)),
                   "max_epochs": plan.max_epochs, "smoke": plan.smoke,
                   **{f"set.{k}": v for k, v in plan.overrides.items()}}

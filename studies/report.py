@@ -7,8 +7,9 @@ traceable to a run, and writes ``<workspace>/reports/<key>/``:
 - per declared table (:mod:`studies.tables`): ``<table>.md`` and ``<table>.tex``, one row per
   condition (of the table's ``rows``) over its finished confirmation runs (mean ± std over seeds,
   Welch's t-test against the baseline row, Holm-Bonferroni over the table's tests); a condition
-  none of whose runs finished says why in its row; ``<table>_vs_baseline.md`` / ``.tex``: each
-  row's difference to the baseline with its 95 % Welch-Satterthwaite confidence interval;
+  none of whose runs finished says why in its row; under the table, the data fingerprint its
+  runs trained on (the embedded benchmark's manifest's); ``<table>_vs_baseline.md`` / ``.tex``:
+  each row's difference to the baseline with its 95 % Welch-Satterthwaite confidence interval;
 - ``trials.csv``: every trial (search and confirmation) with its recorded params, final metrics
   and, for a failed one, the one-line cause;
 - the declared figures (:mod:`studies.figures`), ``<figure>.png``;
@@ -123,6 +124,19 @@ def failure_notes(study: Study, runs: RunSet) -> list[str]:
     return notes
 
 
+def data_notes(study: Study, tags: dict[str, str]) -> list[str]:
+    """The line under each table naming the data the study trained on: the data fingerprint it
+    recorded per condition (``data_fingerprint.<condition>``; the embedded benchmark's is its
+    manifest's, the same on every CPU), one for all conditions when they share it."""
+    prints = {c.label: tags[f"data_fingerprint.{c.name}"] for c in study.conditions
+              if tags.get(f"data_fingerprint.{c.name}")}
+    if not prints:
+        return []
+    if len(set(prints.values())) == 1:
+        return [f"Data fingerprint `{next(iter(prints.values()))}`."]
+    return ["Data fingerprints: " + "; ".join(f"{label} `{f}`" for label, f in prints.items()) + "."]
+
+
 def table_frame(table: Table, study: Study, runs: RunSet, labels: dict[str, str]
                 ) -> tuple[pd.DataFrame, list[str], dict[str, str]]:
     """The runs a table summarises (the finished confirmation runs, then an ensemble row per
@@ -153,13 +167,16 @@ def table_frame(table: Table, study: Study, runs: RunSet, labels: dict[str, str]
 
 
 def write_table(table: Table, study: Study, runs: RunSet, labels: dict[str, str],
-                notes: list[str], out: Path) -> tuple[str, dict[str, float]]:
-    """Write ``<table>.md`` / ``.tex``; return the Markdown and the cells as parent-run metrics."""
+                notes: list[str], out: Path, data: Sequence[str] = ()) -> tuple[str, dict[str, float]]:
+    """Write ``<table>.md`` / ``.tex``; return the Markdown and the cells as parent-run metrics.
+    ``notes`` (why runs are missing) and ``data`` (:func:`data_notes`) go under the table."""
     frame, order, labels = table_frame(table, study, runs, labels)
     rows = summarize(frame, table, order, labels)
-    markdown = to_markdown(rows, table) + ("\n" + "\n".join(notes) + "\n" if notes else "")
+    markdown = to_markdown(rows, table) + "".join("\n" + "\n".join(lines) + "\n"
+                                                  for lines in (notes, data) if lines)
     (out / f"{table.name}.md").write_text(markdown, encoding="utf-8")
-    (out / f"{table.name}.tex").write_text(to_latex(rows, table), encoding="utf-8")
+    (out / f"{table.name}.tex").write_text(to_latex(rows, table) + "".join(f"% {line}\n" for line in data),
+                                           encoding="utf-8")
     if has_differences(rows, table):
         differences = differences_markdown(rows, table)
         (out / f"{table.name}_vs_baseline.md").write_text(differences, encoding="utf-8")
@@ -215,7 +232,8 @@ def build_report(study: Study, tracker: Tracker, out: Path, parent_id: str | Non
     notes = failure_notes(study, runs)
     description, summary = [], {}
     for table in study.tables:
-        markdown, metrics = write_table(table, study, runs, labels, notes, out)
+        markdown, metrics = write_table(table, study, runs, labels, notes, out,
+                                        data_notes(study, tags))
         description.append(markdown)
         summary.update(metrics)
     for figure in study.figures:

@@ -16,7 +16,7 @@ from PIL import Image
 from icr.config import ExperimentConfig, from_flat
 from icr.data import cxc, entities, karpathy, precomp
 from icr.data.synthetic import grammar, regions, writer
-from icr.data.synthetic.detector import load_detector, region_features
+from icr.data.synthetic.extractor import shipped
 from icr.data.synthetic.lexicon import HYPERNYMS, SHAPE_CONCEPTS, SHAPES
 from icr.data.synthetic.render import render_scene
 from icr.data.synthetic.semantics import TruthTable, holds, matches
@@ -104,11 +104,10 @@ def test_interrupted_generation_leaves_no_dataset(tmp_path, monkeypatch):
     monkeypatch.setattr(writer, "_write_cxc", boom)  # after images, precomp and entities
     with pytest.raises(KeyboardInterrupt):
         writer.generate(tmp_path / "broken", "tiny", 0)
-    # the trained detector stays in its cache (it is not the dataset's); nothing else does
-    assert [p.name for p in tmp_path.iterdir()] == [writer.DETECTOR_CACHE]
+    assert list(tmp_path.iterdir()) == []
     with pytest.raises(KeyboardInterrupt):
         writer.ensure_benchmark(tmp_path / "broken", "tiny", 0)
-    assert [p.name for p in tmp_path.iterdir()] == [writer.DETECTOR_CACHE]
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_ensure_benchmark_generates_once_then_reuses(tmp_path, monkeypatch, tiny_hashes):
@@ -368,11 +367,10 @@ def _check_entities_image(image, raw_captions, record):
 
 @pytest.fixture(scope="session")
 def tiny_detector(tiny):
-    """The tiny preset's detector, from the cache the generation left beside the folder."""
-    cache = tiny.parent / writer.DETECTOR_CACHE
-    trained = load_detector(TINY.detector, cache, writer.GENERATOR_VERSION)
-    assert trained.describe() == writer.read_manifest(tiny)["detector"]  # the one that made it
-    return trained.build(TINY.image_size)
+    """The tiny preset's shipped detector, the one the manifest names."""
+    extractor = shipped(TINY.detector)
+    assert extractor.describe() == writer.read_manifest(tiny)["detector"]
+    return extractor
 
 
 def _single_object_scene(cx: float, cy: float, colour_rgb, tone: str, bg_rgb) -> Scene:
@@ -384,7 +382,7 @@ def _single_object_scene(cx: float, cy: float, colour_rgb, tone: str, bg_rgb) ->
 def _object_feature(detector, scene: Scene, seed: int) -> np.ndarray:
     rendering = render_scene(scene, np.random.default_rng(seed))
     box = np.asarray([[rendering.boxes[0]]], dtype=np.float32)  # (1, 1, 4)
-    return region_features(detector, rendering.pixels[None], box)[0, 0]
+    return detector.features(rendering.pixels[None], box)[0, 0]
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> float:
@@ -407,23 +405,22 @@ def test_stored_features_are_computed_from_the_png_pixels(tiny, scenes, tiny_det
     name = pc.images.image_ids[0]
     pixels = np.asarray(Image.open(tiny / "images" / name).convert("RGB"))
     boxes = pc.boxes[0]
-    features = region_features(tiny_detector, pixels[None], boxes[None])[0]  # (R, D)
+    features = tiny_detector.features(pixels[None], boxes[None])[0]  # (R, D)
     np.testing.assert_array_equal(features, pc.features[0])
     owner = scenes[name]["region_owner"]
     r = owner.index(0)  # the region of object 0
     x0, y0, x1, y1 = (int(v) for v in scenes[name]["scene"]["objects"][0]["bbox"])
     recoloured = pixels.copy()
     recoloured[y0:y1, x0:x1] = recoloured[y0:y1, x0:x1, ::-1]  # swap red and blue there only
-    after = region_features(tiny_detector, recoloured[None], boxes[None])[0]
+    after = tiny_detector.features(recoloured[None], boxes[None])[0]
     assert not np.allclose(after[r], pc.features[0][r], atol=1e-3)
     # The backbone's receptive field (15 px) and RoIAlign's bilinear reach (4 px): a region
-    # farther than that from the recoloured pixels keeps its feature (up to rounding: a fast
-    # convolution may compute neighbouring outputs together).
+    # farther than that from the recoloured pixels keeps its feature, to the bit (integers).
     far = [i for i, b in enumerate(boxes)
            if b[0] >= x1 + 16 or b[2] <= x0 - 16 or b[1] >= y1 + 16 or b[3] <= y0 - 16]
     assert far
     for i in far:
-        np.testing.assert_allclose(after[i], pc.features[0][i], rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(after[i], pc.features[0][i])
 
 
 def test_every_preset_is_a_config_value_and_2048_shares_the_default_images():

@@ -20,8 +20,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preset", choices=sorted(PRESETS), default="default")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--overwrite", action="store_true", help="replace an existing folder")
-    parser.add_argument("--detector-cache", help="folder of trained region detectors (default: "
-                        "shapes-detectors beside --out)")
     parser.add_argument("--workers", type=int, help="processes generating images (default: up to "
                         "2); the files do not depend on it")
     args = parser.parse_args(argv)
@@ -31,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     try:
         out = generate(args.out, args.preset, args.seed, overwrite=args.overwrite,
-                       workers=args.workers, detector_cache=args.detector_cache)
+                       workers=args.workers)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

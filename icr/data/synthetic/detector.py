@@ -20,32 +20,22 @@ The shapes world's detector does the same at its scale:
 - **training** (:func:`train_detector`): scenes of the world's distribution from the detector's
   own seed stream (:data:`DETECTOR_SEED`), never a benchmark's images, with proposals made as the
   benchmark's (:func:`.regions.region_boxes`); cross-entropy of every head (the attributes on the
-  boxes that detect an object), Adam with a one-cycle schedule; its heads are scored on held-out
-  scenes of another stream, and the scores go to the benchmark's manifest.
-- **determinism**: training and extraction run on the CPU in one thread (torch's CPU kernels split
-  sums over threads differently for different thread counts) with seeded initialisation and batch
-  order, and extraction passes images in fixed-size padded chunks: the same torch build on the same
-  kind of CPU gives byte-identical weights and features whatever the machine's core count. Another
-  torch release or instruction set (AVX2 against AVX-512 kernels) may round differently; the
-  benchmark's manifest records the weights' SHA-256, so two folders say whether they share one.
-- **cache** (:func:`load_detector`): trained once per definition; the weights are stored under a
-  key of the generator version and the :class:`DetectorSpec`, so generating a preset again, or
-  another preset of the same spec, does not retrain.
+  boxes that detect an object), Adam with a one-cycle schedule, in one thread; its heads are
+  scored on held-out scenes of another stream.
+
+Training runs torch's float kernels, which round differently on another instruction set or torch
+release, so the benchmark does not train its detector: each preset's detector (:data:`DETECTORS`)
+was trained once and ships with the package in integer form, and the features are computed from
+it in exact integer arithmetic (:mod:`.extractor`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import io
-import json
 import logging
-import os
-import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -71,12 +61,12 @@ OBJECT_HEADS = ("shape", "colour", "size", "texture")  # what an object's box is
 COLUMN = {name: k for k, name in enumerate(HEADS)}  # a head's column in the labels
 BACKGROUND = len(SHAPES)  # the background class of the shape head
 IGNORE = -1  # a label a box does not have (an object's tone, a part's colour): no loss
-_CHUNK = 64  # images per extraction pass; fixed, so every image goes through identical arithmetic
+_CHUNK = 64  # images per forward pass when scoring the heads
 
 
 @dataclass(frozen=True)
 class DetectorSpec:
-    """The detector's definition: architecture, training data and schedule (the cache key).
+    """The detector's definition: architecture, training data and schedule.
 
     Attributes:
         feature_dim: ``D``, the region feature (BUTD: 2048).
@@ -99,10 +89,18 @@ class DetectorSpec:
     lr: float = 6e-3
     seed: int = DETECTOR_SEED
 
-    def key(self, version: str) -> str:
-        """A short hash of ``version`` (the generator's) and every field: the cache entry."""
-        text = json.dumps({"generator_version": version, **asdict(self)}, sort_keys=True)
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+# Each preset's detector, by name (the shipped weights are ``detectors/<name>.npz``).
+DETECTORS = {
+    # every preset but tiny and default-2048: sized for 2 CPU cores (trained in about 2 minutes)
+    "default": DetectorSpec(),
+    # tiny (tests, --smoke): the same network, thin and briefly trained (2 CPU s): its features
+    # carry colour, size and the background, little of shape
+    "tiny": DetectorSpec(channels=(8, 16, 16), roi=4, scenes=64, eval_scenes=16, epochs=12,
+                         batch_size=4, lr=3e-3),
+    # the default's, with BUTD's 2048-d features (GPU runs)
+    "default-2048": DetectorSpec(feature_dim=2048),
+}
 
 
 # ---------------------------------------------------------------------------------- network
@@ -224,32 +222,43 @@ def _loss(logits: dict[str, torch.Tensor], labels: torch.Tensor) -> torch.Tensor
                for k, name in enumerate(HEADS))
 
 
-def head_accuracy(detector: RegionDetector, data: DetectorScenes) -> dict[str, float]:
-    """Held-out accuracy of each head on the boxes it is trained on (``shape_object``: the shape
-    head on the boxes that detect an object, background excluded)."""
+def float_features(detector: RegionDetector, pixels: np.ndarray, boxes: np.ndarray) -> torch.Tensor:
+    """The float network's ``(N, R, D)`` features of ``(N, H, W, 3)`` images and ``(N, R, 4)``
+    boxes, in chunks (training's arithmetic; the benchmark's come from :mod:`.extractor`)."""
     detector.eval()
-    labels = torch.from_numpy(data.labels).flatten(0, 1)  # (N * R, heads)
     with torch.no_grad():
-        logits = [detector(torch.from_numpy(data.pixels[i:i + _CHUNK]),
-                           torch.from_numpy(data.boxes[i:i + _CHUNK]))
-                  for i in range(0, len(data.pixels), _CHUNK)]
+        return torch.cat([detector.features(torch.from_numpy(pixels[i:i + _CHUNK]),
+                                            torch.from_numpy(boxes[i:i + _CHUNK]))
+                          for i in range(0, len(pixels), _CHUNK)])
+
+
+def head_accuracy(heads: nn.ModuleDict, features: torch.Tensor, labels: np.ndarray
+                  ) -> dict[str, float]:
+    """Accuracy of each head, read from ``(N, R, D)`` features, on the boxes it is trained on
+    (``labels`` ``(N, R, len(HEADS))``; ``shape_object``: the shape head on the boxes that detect
+    an object, background excluded)."""
+    flat = torch.from_numpy(labels).flatten(0, 1)  # (N * R, heads)
+    with torch.no_grad():
+        logits = {name: head(features.flatten(0, 1)) for name, head in heads.items()}
     out = {}
     for k, name in enumerate(HEADS):
-        predicted = torch.cat([chunk[name] for chunk in logits]).argmax(1)  # (N * R,)
-        valid = labels[:, k] != IGNORE
-        out[name] = float((predicted == labels[:, k])[valid].float().mean())
+        predicted = logits[name].argmax(1)  # (N * R,)
+        valid = flat[:, k] != IGNORE
+        out[name] = float((predicted == flat[:, k])[valid].float().mean())
         if name == "shape":
-            owned = labels[:, 0] != BACKGROUND
-            out["shape_object"] = float((predicted == labels[:, 0])[owned].float().mean())
+            owned = flat[:, 0] != BACKGROUND
+            out["shape_object"] = float((predicted == flat[:, 0])[owned].float().mean())
     return out
 
 
 def train_detector(spec: DetectorSpec, image_size: int = 96, regions: int = 36
-                   ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
-    """Train a :class:`RegionDetector` on its own scenes (module docstring).
+                   ) -> tuple[RegionDetector, dict[str, float]]:
+    """Train a :class:`RegionDetector` on its own scenes (module docstring), in one thread, the
+    caller's thread count and random state left as they were.
 
     Returns:
-        (the state dict, the heads' held-out accuracies on ``spec.eval_scenes`` other scenes).
+        (the trained network, in eval mode; its heads' accuracies on ``spec.eval_scenes``
+        held-out scenes).
     """
     start = time.perf_counter()
     with one_thread(), torch.random.fork_rng(devices=[]):  # the caller's RNG stays as it was
@@ -273,93 +282,8 @@ def train_detector(spec: DetectorSpec, image_size: int = 96, regions: int = 36
                 loss.backward()
                 optimiser.step()
                 schedule.step()
-        accuracy = head_accuracy(detector, held_out)
+        features = float_features(detector, held_out.pixels, held_out.boxes)  # (N, R, D)
+        accuracy = head_accuracy(detector.heads, features, held_out.labels)
     logger.info("trained the shapes detector in %.0f s; held-out accuracy %s",
                 time.perf_counter() - start, {k: round(v, 3) for k, v in accuracy.items()})
-    return detector.state_dict(), accuracy
-
-
-# ------------------------------------------------------------------------------------ cache
-
-
-def _weights_digest(state: dict[str, torch.Tensor]) -> str:
-    h = hashlib.sha256()
-    for name in sorted(state):
-        h.update(name.encode() + b"\0")
-        h.update(state[name].detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()
-
-
-@dataclass(frozen=True)
-class TrainedDetector:
-    """A trained detector's weights and what describes them (in the benchmark's manifest)."""
-
-    spec: DetectorSpec
-    state: dict[str, torch.Tensor]
-    accuracy: dict[str, float]  # its heads on held-out scenes
-    digest: str  # SHA-256 of the weights
-
-    def build(self, image_size: int = 96) -> RegionDetector:
-        detector = RegionDetector(self.spec, image_size)
-        detector.load_state_dict(self.state)
-        return detector.eval()
-
-    def describe(self) -> dict:
-        """What the benchmark's manifest records of it, JSON-ready (as read back)."""
-        described = {"spec": asdict(self.spec), "heads_held_out_accuracy": self.accuracy,
-                     "weights_sha256": self.digest, "torch": torch.__version__}
-        return json.loads(json.dumps(described))
-
-
-def load_detector(spec: DetectorSpec, cache: Path, version: str, image_size: int = 96,
-                  regions: int = 36) -> TrainedDetector:
-    """The detector of ``spec``, from ``cache`` or trained now and stored there.
-
-    The entry is ``detector-<key>.pt`` with the key of :meth:`DetectorSpec.key`; it is written to
-    a temporary file and renamed, so a reader never sees half a file, and two processes that
-    train it at once write the same weights.
-    """
-    path = cache / f"detector-{spec.key(version)}.pt"
-    if path.is_file():
-        saved = torch.load(path, map_location="cpu", weights_only=True)
-        if _weights_digest(saved["state"]) == saved["digest"]:
-            logger.info("shapes detector from %s", path)
-            return TrainedDetector(spec, saved["state"], saved["accuracy"], saved["digest"])
-        logger.warning("%s: weights do not match their digest; training the detector again", path)
-    state, accuracy = train_detector(spec, image_size, regions)
-    trained = TrainedDetector(spec, state, accuracy, _weights_digest(state))
-    cache.mkdir(parents=True, exist_ok=True)
-    buffer = io.BytesIO()
-    torch.save({"state": state, "accuracy": accuracy, "digest": trained.digest}, buffer)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=cache)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(buffer.getvalue())
-        os.chmod(tmp, 0o644)  # as a plain file, not mkstemp's owner-only mode
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return trained
-
-
-def region_features(detector: RegionDetector, pixels: np.ndarray, boxes: np.ndarray) -> np.ndarray:
-    """``(N, H, W, 3)`` uint8 images and their ``(N, R, 4)`` boxes -> ``(N, R, D)`` float32.
-
-    One thread, fixed-size chunks padded with empty images: an image's features do not depend on
-    which other images share its chunk, nor on how a caller splits the images.
-    """
-    n, r = boxes.shape[:2]
-    out = np.empty((n, r, detector.fc.out_features), dtype=np.float32)
-    detector.eval()
-    with one_thread(), torch.no_grad():
-        for start in range(0, n, _CHUNK):
-            chunk = slice(start, min(start + _CHUNK, n))
-            batch_pixels = np.zeros((_CHUNK, *pixels.shape[1:]), dtype=np.uint8)
-            batch_boxes = np.zeros((_CHUNK, r, 4), dtype=np.float32)
-            batch_boxes[:, :, 2:] = 1.0  # an empty image's boxes: one pixel, never read back
-            size = chunk.stop - chunk.start
-            batch_pixels[:size], batch_boxes[:size] = pixels[chunk], boxes[chunk]
-            features = detector.features(torch.from_numpy(batch_pixels), torch.from_numpy(batch_boxes))
-            out[chunk] = features[:size].numpy()
-    return out
+    return detector, accuracy

@@ -16,14 +16,13 @@ Layout of a generated folder::
                              per caption, its meaning and which attributes of which objects it states
 
 Every random choice is drawn from streams derived from ``(seed, imgid)``, files carry no timestamps
-and JSON keys are sorted, so a preset and a seed give byte-identical files (with the same trained
-detector: :mod:`.detector` says when that holds). The folder appears only when complete: everything
-is written to a hidden temporary sibling that is renamed at the end.
-
-The region features come from a detector trained once per definition on scenes of its own seed
-stream (:mod:`.detector`), cached in ``shapes-detectors/`` beside the benchmark folder unless the
-caller names another folder. Its training runs in one worker while the others generate the images;
-then every worker computes the features of its blocks.
+and JSON keys are sorted, so a preset and a seed give byte-identical files, on any CPU: the region
+features come from the preset's detector, shipped with the package, in exact integer arithmetic
+(:mod:`.extractor`), and every other number is computed by numpy's IEEE basic operations or
+from values far from a rounding boundary (docs/embedded-benchmark.md, "The same files on every
+CPU"). The folder appears only when complete: everything is written to a hidden temporary
+sibling that is renamed at the end. Each worker renders its blocks of images and computes their
+features.
 """
 
 from __future__ import annotations
@@ -56,12 +55,8 @@ from icr.data.entities import (
 from icr.data.karpathy import write_karpathy_json
 from icr.data.precomp import write_precomp
 from icr.data.relevance import save_relevance
-from icr.data.synthetic.detector import (
-    DetectorSpec,
-    TrainedDetector,
-    load_detector,
-    region_features,
-)
+from icr.data.synthetic.detector import DETECTORS, one_thread
+from icr.data.synthetic.extractor import ExactExtractor, shipped
 from icr.data.synthetic.grammar import BACKGROUND_KEY, Caption, Specificity, sample_captions
 from icr.data.synthetic.regions import region_boxes
 from icr.data.synthetic.relevance import caption_relevance
@@ -78,21 +73,18 @@ logger = logging.getLogger(__name__)
 # shapes-4: region features from a detector trained to classify the boxes' objects and attributes
 #   (detector.py) instead of a fixed random extractor; images, captions, boxes and every other file
 #   as in shapes-3; the manifest describes the detector
-GENERATOR_VERSION = "shapes-4"
+# shapes-5: the same images, captions, boxes and every other file; the region features computed in
+#   integers from the detector trained for shapes-4 on the development machine (x86-64 AVX-512,
+#   torch 2.14.1), quantised and shipped with the package (extractor.py), so that every CPU and
+#   torch release writes the same bytes; the manifest names the shipped weights, not a torch version
+GENERATOR_VERSION = "shapes-5"
 DATASET_NAME = "shapes"
 SPLITS = ("train", "val", "test")
 CXC_PREFIX = "shapes"
 RELEVANCE_DIR = "relevance"
 CHAINS_PER_IMAGE = 512  # chain id = imgid * 512 + key, key in 1..256 (grammar chain keys)
 REFERENCE_SCENES = 2000  # scenes the specificity of captions is decided against
-DETECTOR_CACHE = "shapes-detectors"  # default cache folder of trained detectors, beside the data
 _BLOCK = 250  # images per work unit
-# The detector of every preset but tiny: sized for 2 CPU cores (trained in about 2 minutes).
-DETECTOR = DetectorSpec()
-# tiny (tests, --smoke): the same network, thin and briefly trained (2 CPU s): its features carry
-# colour, size and the background, little of shape (its held-out heads: colour 0.69, size 0.59).
-TINY_DETECTOR = DetectorSpec(channels=(8, 16, 16), roi=4, scenes=64, eval_scenes=16, epochs=12,
-                             batch_size=4, lr=3e-3)
 
 
 @dataclass(frozen=True)
@@ -106,24 +98,23 @@ class Preset:
     image_size: int = 96
     regions: int = 36  # R: boxes per image in the precomputed features (BUTD: 36)
     captions_per_image: int = 5
-    detector: DetectorSpec = DETECTOR  # what computes the region features
+    detector: str = "default"  # what computes the region features (:data:`.detector.DETECTORS`)
 
     @property
     def feature_dim(self) -> int:
         """``D``: the detector's feature size."""
-        return self.detector.feature_dim
+        return DETECTORS[self.detector].feature_dim
 
     def count(self, split: str) -> int:
         return getattr(self, split)
 
 
 PRESETS = {
-    "tiny": Preset("tiny", 40, 12, 12, detector=TINY_DETECTOR),
+    "tiny": Preset("tiny", 40, 12, 12, detector="tiny"),
     "small": Preset("small", 600, 100, 100),
     "default": Preset("default", 4000, 500, 500),
     # the default's images and captions with BUTD's 2048-d features, for GPU runs (1.5 GB)
-    "default-2048": Preset("default-2048", 4000, 500, 500,
-                           detector=DetectorSpec(feature_dim=2048)),
+    "default-2048": Preset("default-2048", 4000, 500, 500, detector="default-2048"),
     # four times the default's training images (its first 4,000 are the default's), the same
     # number of validation and test images: how much a model learns from more data (GPU runs)
     "large": Preset("large", 16000, 500, 500),
@@ -194,23 +185,24 @@ def _image_plan(preset: Preset) -> list[tuple[int, str]]:
 
 def _generate_block(folder: Path, seed: int, preset: Preset, items: list[tuple[int, str]]
                     ) -> list[GeneratedImage]:
-    """Generate a block of images and write their per-image files (PNG, entities).
+    """Generate a block of images, write their per-image files (PNG, entities) and compute their
+    region features (one thread: the workers are processes).
 
     Runs in a worker process for large presets; its output does not depend on how images are
-    split into blocks (per-image random streams). The pixels stay for :func:`_block_features`.
+    split into blocks (per-image random streams, integer features).
     """
     images = [generate_image(seed, imgid, split, preset) for imgid, split in items]
     for im in images:
         Image.fromarray(im.pixels).save(folder / "images" / im.filename, format="PNG",
                                         compress_level=6)
         _write_entity_files(folder / "entities", im)
+    with one_thread():
+        features = shipped(preset.detector).features(  # (B, R, D)
+            np.stack([im.pixels for im in images]), np.stack([im.region_boxes for im in images]))
+    for im, feature in zip(images, features, strict=True):
+        im.features = feature
+        im.pixels = np.empty((0, 0, 3), dtype=np.uint8)  # written; not needed any more
     return images
-
-
-def _block_features(detector: TrainedDetector, pixels: np.ndarray, boxes: np.ndarray,
-                    image_size: int) -> np.ndarray:
-    """``(B, R, D)`` region features of a block's ``(B, H, W, 3)`` images and ``(B, R, 4)`` boxes."""
-    return region_features(detector.build(image_size), pixels, boxes)
 
 
 class _InProcess(Executor):
@@ -229,35 +221,19 @@ def _executor(workers: int) -> Executor:
     return _InProcess()
 
 
-def _generate_all(folder: Path, preset: Preset, seed: int, workers: int, detector_cache: Path
-                  ) -> tuple[dict[str, list[GeneratedImage]], TrainedDetector]:
-    """Every image, with its region features, and the detector that computed them.
-
-    The detector is loaded (or trained: minutes) in one worker while the others generate the
-    images' blocks; then the workers compute the features block by block.
-    """
+def _generate_all(folder: Path, preset: Preset, seed: int, workers: int
+                  ) -> dict[str, list[GeneratedImage]]:
+    """Every image with its region features, split by split, generated in blocks by ``workers``."""
     (folder / "images").mkdir(parents=True)
     plan = _image_plan(preset)
     blocks = [plan[i:i + _BLOCK] for i in range(0, len(plan), _BLOCK)]
     with _executor(workers) as pool:
-        detector_job = pool.submit(load_detector, preset.detector, detector_cache,
-                                   GENERATOR_VERSION, preset.image_size, preset.regions)
-        block_jobs = [pool.submit(_generate_block, folder, seed, preset, b) for b in blocks]
-        detector = detector_job.result()
-        done = [job.result() for job in block_jobs]
-        feature_jobs = [
-            pool.submit(_block_features, detector, np.stack([im.pixels for im in block]),
-                        np.stack([im.region_boxes for im in block]), preset.image_size)
-            for block in done
-        ]
-        for block, job in zip(done, feature_jobs, strict=True):
-            for im, features in zip(block, job.result(), strict=True):  # (R, D) each
-                im.features = features
-                im.pixels = np.empty((0, 0, 3), dtype=np.uint8)  # written; not needed any more
+        jobs = [pool.submit(_generate_block, folder, seed, preset, b) for b in blocks]
+        done = [job.result() for job in jobs]
     splits: dict[str, list[GeneratedImage]] = {s: [] for s in SPLITS}
     for im in (im for block in done for im in block):
         splits[im.split].append(im)
-    return splits, detector
+    return splits
 
 
 # ------------------------------------------------------------------------------------ writers
@@ -380,11 +356,10 @@ def fingerprint(folder: Path) -> str:
     return h.hexdigest()
 
 
-def write_benchmark(folder: Path, preset: Preset, seed: int, workers: int = 1,
-                    detector_cache: Path | None = None) -> dict:
+def write_benchmark(folder: Path, preset: Preset, seed: int, workers: int = 1) -> dict:
     """Generate and write everything into ``folder`` (not atomic; see :func:`generate`)."""
-    cache = detector_cache if detector_cache is not None else folder.parent / DETECTOR_CACHE
-    splits, detector = _generate_all(folder, preset, seed, workers, cache)
+    detector: ExactExtractor = shipped(preset.detector)  # a missing or damaged file stops here
+    splits = _generate_all(folder, preset, seed, workers)
     for split in SPLITS:
         write_split_ids(folder / "entities" / f"{split}.txt", [im.stem for im in splits[split]])
         _write_precomp(folder / "precomp", split, splits[split])
@@ -440,7 +415,6 @@ def generate(
     seed: int = 0,
     overwrite: bool = False,
     workers: int | None = None,
-    detector_cache: str | Path | None = None,
 ) -> Path:
     """Generate the benchmark into ``out_dir`` atomically and return ``out_dir``.
 
@@ -455,11 +429,10 @@ def generate(
         overwrite: replace an existing ``out_dir`` (atomically, once the new one is complete).
         workers: processes for image generation (``None``: up to 2, by CPU count); the files do
             not depend on it.
-        detector_cache: folder of trained detectors (``None``: ``shapes-detectors`` beside
-            ``out_dir``); the preset's detector is trained there first if it is not there yet.
 
     Raises:
-        DataError: unknown preset, or ``out_dir`` exists and is not empty (and not ``overwrite``).
+        DataError: unknown preset, ``out_dir`` exists and is not empty (and not ``overwrite``),
+            or the preset's shipped detector is missing or damaged.
     """
     spec = get_preset(preset)
     out = Path(out_dir)
@@ -471,8 +444,7 @@ def generate(
         os.chmod(tmp, 0o755)
         if workers is None:
             workers = min(2, os.cpu_count() or 1)
-        cache = Path(detector_cache) if detector_cache is not None else out.parent / DETECTOR_CACHE
-        manifest = write_benchmark(tmp, spec, seed, workers, cache)
+        manifest = write_benchmark(tmp, spec, seed, workers)
         _replace(tmp, out, overwrite)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -533,14 +505,13 @@ def _remove_stale(root: Path) -> None:
         shutil.rmtree(aside, ignore_errors=True)
 
 
-def ensure_benchmark(root: str | Path, preset: str = "default", seed: int = 0,
-                     detector_cache: str | Path | None = None) -> Path:
+def ensure_benchmark(root: str | Path, preset: str = "default", seed: int = 0) -> Path:
     """Return the benchmark folder ``root``, generating it first if it does not exist yet.
 
     A complete folder (one with a ``MANIFEST.json`` of the same preset, seed and generator version)
     is reused as is; one of the same preset and seed written by an older generator version is
     deleted and generated again. Another process generating or upgrading the same folder at the
-    same time is harmless. ``detector_cache`` is :func:`generate`'s.
+    same time is harmless.
 
     Raises:
         DataError: ``root`` holds something else (another preset or seed, a newer or unknown
@@ -569,7 +540,7 @@ def ensure_benchmark(root: str | Path, preset: str = "default", seed: int = 0,
         raise DataError(f"{root}: exists but has no MANIFEST.json (an incomplete or foreign folder); "
                         "delete it to regenerate the benchmark")
     try:
-        return generate(root, preset, seed, detector_cache=detector_cache)
+        return generate(root, preset, seed)
     except OSError:
         manifest = read_manifest(root)  # another process won the race
         if manifest is None:
