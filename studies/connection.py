@@ -27,10 +27,9 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import psutil
 import ray
 import yaml
-
-import psutil  # isort: skip - after ray, which ships the psutil it uses
 
 from icr.errors import UserError
 from studies import launcher, records, signals

@@ -311,3 +311,28 @@ def fake_study(folder: Path, budget: int = 6,
         tables=(replace(TABLE_1, baseline=conditions[0]),), figures=figure_3(),
     )
 
+
+def most_at_once(calls: list[dict]) -> int:
+    """The most of ``calls`` (each with a ``start`` and an ``end`` time) that ran at the same
+    moment; a start sorts before an end at one instant, so calls that merely touch overlap."""
+    events = sorted([(c["start"], 0) for c in calls] + [(c["end"], 1) for c in calls])
+    running = most = 0
+    for _, kind in events:
+        running += 1 if kind == 0 else -1
+        most = max(most, running)
+    return most
+
+
+@contextlib.contextmanager
+def private_ray(num_cpus: int, num_gpus: int) -> Iterator[Any]:
+    """A private Ray instance on 127.0.0.1 with ``num_gpus`` fake GPUs, quiet, stopped after."""
+    from studies import connection
+    from studies.environment import set_quiet_environment
+
+    set_quiet_environment()
+    info = connection.connect(num_cpus=num_cpus, num_gpus=num_gpus, dashboard=False)
+    try:
+        yield info
+    finally:
+        connection.disconnect(info)
+

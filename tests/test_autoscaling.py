@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import yaml
 
@@ -40,7 +41,7 @@ from studies import launcher, processes
 from studies.connection import Cluster, Growth, NodeType, growth_from_config
 from studies.frameworks import ray as ray_internals
 
-import psutil  # isort: skip - after studies.processes, which puts Ray's psutil on sys.path
+from fakes import most_at_once
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -345,15 +346,6 @@ def _running(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
-
-
-def most_at_once(calls: list[dict]) -> int:
-    events = sorted([(c["start"], 0) for c in calls] + [(c["end"], 1) for c in calls])
-    running = most = 0
-    for _, kind in events:
-        running += 1 if kind == 0 else -1
-        most = max(most, running)
-    return most
 
 
 @pytest.mark.slow

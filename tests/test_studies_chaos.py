@@ -52,11 +52,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
 import pytest
 
 from studies import processes, records
-
-import psutil  # isort: skip - after studies.processes, which puts Ray's psutil on sys.path
 
 ROOT = Path(__file__).resolve().parent.parent
 PHASES = ("prepare", "search", "select", "confirm", "report")
@@ -73,12 +72,13 @@ from pathlib import Path
 from fakes import CountingFit, FakeFit, fake_prepare, fake_study
 from studies.pipeline import Backend
 from studies.run import leave, main
-records = os.environ["ICR_CHAOS_RECORDS"]
-if sys.argv[1] == "ltd_bound":  # the user's --smoke, with the real fit
-    leave(main(sys.argv[1:], backend=Backend(CountingFit(records))))
-study = replace(fake_study(Path(os.environ["ICR_CHAOS_STUDY_DIR"]), budget=2), name="chaos")
-fit = FakeFit(epoch_seconds=0.3, record_dir=records)
-leave(main(sys.argv[1:], backend=Backend(fit, fake_prepare), extra_studies={"chaos": study}))
+if __name__ == "__main__":  # the benchmark's generator spawns workers, which import this file
+    records = os.environ["ICR_CHAOS_RECORDS"]
+    if sys.argv[1] == "ltd_bound":  # the user's --smoke, with the real fit
+        leave(main(sys.argv[1:], backend=Backend(CountingFit(records))))
+    study = replace(fake_study(Path(os.environ["ICR_CHAOS_STUDY_DIR"]), budget=2), name="chaos")
+    fit = FakeFit(epoch_seconds=0.3, record_dir=records)
+    leave(main(sys.argv[1:], backend=Backend(fit, fake_prepare), extra_studies={"chaos": study}))
 """
 
 

@@ -11,18 +11,13 @@ from studies.catalog import Condition, Study
 from studies.pipeline import Backend
 from studies.run import main
 
-from fakes import FakeFit, fake_prepare
+from fakes import FakeFit, fake_prepare, private_ray
 
 
 @pytest.fixture(scope="module")
 def gpu_cluster():
-    from studies import connection
-    from studies.environment import set_quiet_environment
-
-    set_quiet_environment()
-    info = connection.connect(num_cpus=4, num_gpus=4, dashboard=False)
-    yield info
-    connection.disconnect(info)
+    with private_ray(num_cpus=4, num_gpus=4) as info:
+        yield info
 
 
 @pytest.mark.slow  # end-to-end: make test-all and CI run it

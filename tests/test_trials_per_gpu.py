@@ -26,6 +26,8 @@ from icr.errors import UserError
 from studies.connection import Cluster, gpu_fraction, mps_state
 from studies.plan import TRIALS_PER_GPU_VARIABLE, trials_per_gpu
 
+from fakes import most_at_once, private_ray
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -165,26 +167,10 @@ class TimedFit:
         return self.inner(config, timed, resume_from, **kwargs)
 
 
-def most_at_once(calls: list[dict]) -> int:
-    """The most calls that ran at the same moment (a start sorts before an end at one instant:
-    calls that merely touch count as overlapping)."""
-    events = sorted([(c["start"], 0) for c in calls] + [(c["end"], 1) for c in calls])
-    running = most = 0
-    for _, kind in events:
-        running += 1 if kind == 0 else -1
-        most = max(most, running)
-    return most
-
-
 @pytest.fixture(scope="module")
 def fake_gpu_cluster():
-    from studies import connection
-    from studies.pipeline import set_quiet_environment
-
-    set_quiet_environment()
-    info = connection.connect(num_cpus=8, num_gpus=2, dashboard=False)
-    yield info
-    connection.disconnect(info)
+    with private_ray(num_cpus=8, num_gpus=2) as info:
+        yield info
 
 
 @pytest.mark.slow  # end-to-end: make test-all and CI run it

@@ -16,9 +16,8 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import ray
-
-import psutil  # isort: skip - after ray, which ships the psutil it uses
 
 from studies.frameworks import reaching
 
