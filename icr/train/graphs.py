@@ -130,12 +130,18 @@ class GraphedStep:
         step cannot be captured."""
         entry.inputs = {name: tensor.clone() for name, tensor in inputs.items()}
         graph = self._new_graph()
+        # a capture that fails at its end leaves its side stream current (torch.cuda.graph's
+        # exit stops before restoring it): the eager steps go back to this one
+        stream = torch.cuda.current_stream() if self._is_cuda(inputs) else None
         # thread_local: only this thread's calls that a capture forbids fail it; the thread
         # that prefetches host rows (pinning, copying on its own stream) goes on meanwhile
         try:  # the first capture creates the memory pool the others share
             with self._capture_context(graph, pool=self._pool, capture_error_mode="thread_local"):
                 entry.outputs = self.step(entry.inputs)
         except RuntimeError as exc:
+            if stream is not None:
+                torch.cuda.set_stream(stream)
+                torch.cuda.synchronize()
             self.enabled = False
             self._graphs.clear()
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
