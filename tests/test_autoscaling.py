@@ -13,7 +13,7 @@ the trial whose node is lost in its last epoch must continue from its checkpoint
 with nothing lost or trained twice (the chaos test's checks), and the workers must go back
 within the idle timeout. The test starts the head with :func:`studies.launcher.start_head`
 and stops exactly the processes it started (the family of its marker, which the autoscaler's
-workers inherit), never ``ray stop``.
+workers inherit), never every Ray process of the machine.
 """
 
 from __future__ import annotations
