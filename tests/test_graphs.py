@@ -209,3 +209,19 @@ def test_the_static_step_has_the_eager_step_s_loss_and_gradients(arch, workspace
     assert static_grads.keys() == grads.keys()
     for name, grad in grads.items():
         torch.testing.assert_close(static_grads[name], grad, atol=1e-5, rtol=1e-3, msg=name)
+
+
+def test_a_step_s_graph_is_kept_under_what_the_step_computes(workspace):
+    """Freezing the backbone (the warm-up epochs), a module's mode or the loss's form changes
+    the computation a graph recorded: each is part of the key; the same state, the same key."""
+    task = _task("tern", workspace, static=True)
+    trained = task._step_key()
+    task.encoder.set_backbone_trainable(False)  # BERT frozen: no gradients, dropout off
+    frozen = task._step_key()
+    task.encoder.set_backbone_trainable(True)
+    assert frozen != trained and task._step_key() == trained
+    task.net.eval()
+    assert task._step_key() != trained
+    task.net.train()
+    task._loss_fn = task.warmup_loss_fn = object()  # a loss's warm-up form
+    assert task._step_key() != trained

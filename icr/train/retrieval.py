@@ -273,13 +273,19 @@ class RetrievalTask:
         step is a replay of a CUDA graph (:mod:`icr.train.graphs`); the learning rate moves
         after it, on the host's schedule, into the tensor the next replay reads."""
         self._loss_fn = self.loss_for_epoch(epoch)
-        # what the step computes besides its inputs: the frozen backbone, the loss's form
-        key = (self.in_warmup(epoch), self._loss_fn is self.warmup_loss_fn)
-        out = self.step_runner(key, self.step_inputs(batch))
+        out = self.step_runner(self._step_key(), self.step_inputs(batch))
         self.scheduler.step()
         self.global_step += 1
         terms = {name[len(_TERM):]: v for name, v in out.items() if name.startswith(_TERM)}
         return StepOutput(out["loss"], terms, out["sims"], batch["image_index"])
+
+    def _step_key(self) -> tuple:
+        """What a step computes besides its inputs: which parameters train (a frozen backbone,
+        frozen word embeddings), which modules are in training mode (a frozen BERT's dropout is
+        off) and the loss's form (a warm-up form in its first epochs)."""
+        return (tuple(p.requires_grad for p in self.net.parameters()),
+                tuple(m.training for m in self.net.modules()),
+                self._loss_fn is self.warmup_loss_fn)
 
     def step_inputs(self, batch: Batch) -> Batch:
         """The tensors :meth:`loss_of` reads, on the device (host lengths stay for packed RNNs)."""
