@@ -115,11 +115,12 @@ def test_a_step_that_cannot_be_captured_runs_eagerly_and_says_why(caplog):
             raise RuntimeError("operation not permitted when stream is capturing")
         return _double(inputs)
 
-    runner, _ = _runner(fussy, warmup=1)
+    discarded = []
+    runner, _ = _runner(fussy, warmup=1, on_failed_capture=lambda: discarded.append(1))
     with caplog.at_level(logging.WARNING, logger="icr.train.graphs"):
         outs = [runner("a", {"x": torch.full((2,), float(v))})["y"] for v in range(3)]
     assert [o.tolist() for o in outs] == [[0.0, 0.0], [2.0, 2.0], [4.0, 4.0]]
-    assert not runner.enabled and runner.captured == 0
+    assert not runner.enabled and runner.captured == 0 and discarded == [1]
     assert "cannot be captured as a CUDA graph (operation not permitted" in caplog.text
 
 

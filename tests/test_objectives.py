@@ -70,6 +70,18 @@ def test_lagrangian_value_and_gradient_separation():
     assert l_rec.grad.item() == pytest.approx(0.8 / 0.15)  # the ascent step leaves the model alone
 
 
+def test_a_discarded_call_does_not_move_the_multiplier():
+    """A step that did not happen (a failed CUDA-graph capture) leaves no violation behind:
+    after discard_pending, a step moves lambda by the next call's violation alone."""
+    discarded, plain = Lagrangian(eta=0.1, init=1.0), Lagrangian(eta=0.1, init=1.0)
+    discarded(*_losses(1.0, 5.0))  # violation 49: never stepped on
+    discarded.discard_pending()
+    for objective in (discarded, plain):
+        objective(*_losses(1.0, 0.2))  # violation 1
+        objective.step()
+    assert discarded.lambda_value == plain.lambda_value > 1.0
+
+
 def test_objectives_that_need_a_reconstruction_loss_say_so():
     for objective in (Dual(), Lagrangian(eta=0.1)):
         with pytest.raises(ConfigError, match="decoder.name"):

@@ -154,6 +154,9 @@ class Lagrangian(Objective):
         self._violations = []
         self.multiplier.step(violation)
 
+    def discard_pending(self) -> None:
+        self._violations = []
+
     def to(self, device: torch.device) -> Lagrangian:
         self.multiplier.to(device)
         return self

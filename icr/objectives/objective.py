@@ -47,6 +47,10 @@ class Objective(abc.ABC):
     def step(self) -> None:  # noqa: B027 - most objectives have no parameters of their own
         """Update the objective's own parameters after the model's optimiser step."""
 
+    def discard_pending(self) -> None:  # noqa: B027 - most objectives keep nothing between
+        """Forget what the calls since the last :meth:`step` left for it: a step that did not
+        happen (a CUDA graph's capture that failed, :mod:`icr.train.graphs`)."""
+
     def to(self, device: torch.device) -> Objective:
         """Move the objective's own tensors (a multiplier) to the training device."""
         return self

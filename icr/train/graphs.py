@@ -72,13 +72,18 @@ class GraphedStep:
         max_graphs: graphs kept at most; a shape beyond them runs eagerly.
         new_graph: makes a graph (``torch.cuda.CUDAGraph``; a test passes a stand-in).
         capture: the context that records into a graph (``torch.cuda.graph``).
+        on_failed_capture: called when a capture fails, before the step runs eagerly: what the
+            recorded (never run) step left in Python state must go (an objective's pending
+            terms).
     """
 
     def __init__(
         self, step: StepFn, *, enabled: bool, warmup: int = 3, max_graphs: int = 16,
         new_graph: Callable[[], Any] | None = None, capture: Callable[..., Any] | None = None,
+        on_failed_capture: Callable[[], None] = lambda: None,
     ) -> None:
         self.step, self.enabled, self.warmup, self.max_graphs = step, enabled, warmup, max_graphs
+        self.on_failed_capture = on_failed_capture
         self._new_graph = new_graph or torch.cuda.CUDAGraph
         self._capture_context = capture or torch.cuda.graph
         self._graphs: dict[Hashable, _Graph] = {}
@@ -142,6 +147,7 @@ class GraphedStep:
             if stream is not None:
                 torch.cuda.set_stream(stream)
                 torch.cuda.synchronize()
+            self.on_failed_capture()
             self.enabled = False
             self._graphs.clear()
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

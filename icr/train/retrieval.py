@@ -134,7 +134,8 @@ class RetrievalTask:
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
         self.scaler = self.precision.scaler()
-        self.step_runner = GraphedStep(self._step, enabled=self.graphs)
+        self.step_runner = GraphedStep(self._step, enabled=self.graphs,
+                                       on_failed_capture=self.objective.discard_pending)
         self._loss_fn = self.loss_fn  # the epoch's L_con (train_step sets it)
         self.global_step = 0
         self._rows: list[dict[str, float]] = []
