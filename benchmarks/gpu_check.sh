@@ -2,23 +2,26 @@
 # The project's GPU check on a lent GPU machine, and its preparation on the CPU machine. From the
 # project root:
 #
-#   bash benchmarks/gpu_check.sh prepare   # here, after `make install`: .device/assets (~25 MB) and
-#                                          # .device/frameworks/1..N (parts of ~60 MB)
+#   bash benchmarks/gpu_check.sh prepare   # here, after `make install`: .device/assets (~21 MiB) and
+#                                          # .device/frameworks/1..N (parts sized to travel beside the tree)
 #   # there, with .device/assets carried: the parts that need no framework
 #   bash benchmarks/gpu_check.sh trial shared debug scale calibrate
 #   # there, a whole study: one call per framework part while the machine is held (its /tmp
 #   # stays between calls), the last part with the assets:
 #   bash benchmarks/gpu_check.sh receive                # carry .device/frameworks/1, then 2, ...
-#   bash benchmarks/gpu_check.sh receive study trial    # carry .device/assets and the last part
+#   bash benchmarks/gpu_check.sh receive study          # carry .device/assets/pkgs and the last part
 #
 # The GPU machines have Python 3.12, torch, transformers, sentence-transformers, numpy, pandas,
 # scipy, pyarrow, matplotlib, tqdm, pyyaml, psutil (and those packages' own dependencies), and
 # lack Ray, MLflow, Optuna and the three asset packages. Ray's wheel alone (77 MB) is more than
-# one call carries (64 MiB with the project), so `prepare` unpacks the wheels the machine lacks
-# (the closure of ray[tune,default], mlflow and optuna minus what PRESENT lists), packs them in
-# one xz stream (Ray's 77 MB wheel becomes 65 MB) and cuts it in parts; `receive` keeps each part
-# in /tmp, and once all are there joins them, checks their SHA-256, zips each wheel again and
-# installs them with pip (offline, no dependency resolution: the closure is complete).
+# one call carries (64 MiB with the project), so `prepare` unpacks the closure of
+# ray[tune,default], mlflow and optuna less the large packages every such machine has (LARGE),
+# packs it in one xz stream (Ray's 77 MB wheel becomes 65 MB) and cuts it in parts; `receive`
+# keeps each part in /tmp, and once all are there joins them, checks their SHA-256, zips each
+# wheel again and installs with pip (offline, no dependency resolution) those whose distribution
+# the machine lacks: which small dependencies a machine has varies with what its image installed
+# (torch and transformers 5.17 alone pull in no `requests`, which MLflow imports), so the
+# machine's own list decides, and receive.log names what was already there.
 # The assets: the EfficientNet-Lite0 wheel, GloVe cut to its 20,000 most frequent words plus
 # the benchmark's vocabulary (the same vectors for those words), MiniLM's folder without its
 # weights (random weights of its architecture are written there: right for speed, not for
@@ -45,17 +48,16 @@
 # (all), TRIAL_SET (KEY=VALUE overrides of every gpu_trial run), SHARED_ARCHS, SHARED_TRIALS,
 # SHARED_STEPS (100), STUDY_SECONDS (420, the embedded study's limit), STUDY_TRIALS_PER_GPU,
 # LEARN_RUNS (see learnability), LEARN_SECONDS (420), GENERATE_SECONDS (200), CHECK_DEVICE (cuda),
-# SCALE_IMAGES (113287), PART_MB (60).
+# SCALE_IMAGES (113287), PART_MB (what a call carries beside the working tree, less 1 MiB).
 set -u
 cd "$(dirname "$0")/.."
 ASSETS=$PWD/.device/assets
 STORE=/tmp/icr-device  # what the machine keeps between the calls of one hold
-# What the lent GPU machines have (and the dependencies those pull in), by distribution name.
-PRESENT="torch transformers sentence-transformers numpy pandas scipy pyarrow matplotlib tqdm
-pyyaml psutil huggingface-hub tokenizers safetensors regex requests urllib3 certifi idna
-charset-normalizer filelock fsspec packaging jinja2 markupsafe networkx sympy mpmath
-typing-extensions scikit-learn joblib threadpoolctl pillow python-dateutil pytz tzdata six
-contourpy cycler fonttools kiwisolver pyparsing"
+# The large packages every lent GPU machine has (with torch's CUDA libraries), by distribution
+# name: left out of the frameworks' parts to keep them small.
+LARGE="torch triton transformers sentence-transformers tokenizers safetensors huggingface-hub
+hf-xet numpy pandas scipy pyarrow matplotlib fonttools kiwisolver contourpy pillow scikit-learn
+sympy networkx"
 
 if [ "${1:-}" = prepare ]; then
     set -euo pipefail
@@ -99,11 +101,14 @@ PY
     mkdir -p "$stage/payload"
     for wheel in "$stage"/all/*.whl; do
         name=$(basename "$wheel" | sed -E 's/-[0-9].*//' | tr 'A-Z_' 'a-z-')
-        if [[ " $(echo $PRESENT) " == *" $name "* ]]; then continue; fi
+        if [[ " $(echo $LARGE) " == *" $name "* || $name == nvidia-* ]]; then continue; fi
         unzip -q "$wheel" -d "$stage/payload/$(basename "$wheel")"  # keeps the modes (Ray's binaries)
     done
     count=$(ls "$stage/payload" | wc -l)
-    tar -c -C "$stage/payload" . | xz -T0 -6 | split -b "${PART_MB:-60}M" -d -a 1 - "$stage/part-"
+    # a call carries 64 MiB with the working tree (tracked and untracked files git does not ignore)
+    tree=$(git ls-files -co --exclude-standard -z | du -cb --files0-from=- | tail -1 | cut -f1)
+    part_mb=${PART_MB:-$(( (64 * 2**20 - tree) / 2**20 - 1 ))}
+    tar -c -C "$stage/payload" . | xz -T0 -6 | split -b "${part_mb}M" -d -a 1 - "$stage/part-"
     parts=$(ls "$stage"/part-* | wc -l)
     (cd "$stage" && sha256sum part-*) > "$stage/SHA256SUMS"
     for i in $(seq 1 "$parts"); do
@@ -111,8 +116,11 @@ PY
         mv "$stage/part-$((i - 1))" ".device/frameworks/$i/"
         cp "$stage/SHA256SUMS" ".device/frameworks/$i/"
     done
-    echo "assets: $(du -sh "$ASSETS" | cut -f1); frameworks: $count wheels in $parts part(s) of" \
-         "$(du -sh .device/frameworks | cut -f1) (each call carries at most 64 MiB with the project)"
+    mib() { du -sb "$@" | awk -v extra="${extra:-0}" '{s += $1} END {printf "%.1f", (s + extra) / 2^20}'; }
+    echo "assets: $(mib "$ASSETS") MiB; frameworks: $count wheels in $parts part(s) of at most" \
+         "$part_mb MiB, $(mib .device/frameworks) MiB; the working tree: $(extra=$tree mib /dev/null) MiB;" \
+         "the last call carries its part, .device/assets/pkgs and the tree:" \
+         "$(extra=$tree mib ".device/frameworks/$parts" "$ASSETS/pkgs") of 64 MiB"
     exit 0
 fi
 
@@ -156,8 +164,22 @@ for folder in sorted(p for p in (store / "wheels").iterdir() if p.is_dir()):
     shutil.rmtree(folder)
 PY
     python3 -m pip list --format=freeze > "$LOGS/pip-before.txt" 2>/dev/null
-    python3 -m pip install -q --no-index --no-deps --no-compile --target "$STORE/frameworks" \
-        "$STORE"/wheels/*.whl || return 1
+    # the wheels whose distribution the machine lacks; receive.log names the ones it has
+    python3 - "$STORE/wheels" > "$STORE/missing.txt" <<'PY' || return 1
+import importlib.metadata as metadata, re, sys
+from pathlib import Path
+have, missing = [], []
+for wheel in sorted(Path(sys.argv[1]).glob("*.whl")):
+    name = re.sub(r"[-_.]+", "-", wheel.name.split("-")[0]).lower()
+    try:
+        have.append(f"{name} {metadata.version(name)}")
+    except metadata.PackageNotFoundError:
+        missing.append(str(wheel))
+print("\n".join(missing))
+print(f"already on this machine ({len(have)}): {', '.join(have)}", file=sys.stderr)
+PY
+    xargs python3 -m pip install -q --no-index --no-deps --no-compile --target "$STORE/frameworks" \
+        < "$STORE/missing.txt" || return 1
     touch "$STORE/frameworks/.installed"
 }
 if has receive; then
@@ -167,7 +189,7 @@ if has receive; then
     echo "framework parts: $held of $wanted here" | tee -a "$LOGS/receive.log"
     if [ "$held" = "$wanted" ] && [ ! -e "$STORE/frameworks/.installed" ]; then
         if install_frameworks >> "$LOGS/receive.log" 2>&1; then
-            echo "frameworks installed: $(ls "$STORE/wheels" | wc -l) wheels" | tee -a "$LOGS/receive.log"
+            echo "frameworks installed: $(wc -l < "$STORE/missing.txt") of $(ls "$STORE/wheels" | wc -l) wheels (the rest were there)" | tee -a "$LOGS/receive.log"
         else
             echo "frameworks: install failed (see receive.log)" | tee -a "$LOGS/receive.log"
         fi
@@ -321,7 +343,7 @@ row() { local part=$1; shift; local lines; lines=$("$@"); if [ -n "$lines" ]; th
     echo "| part | result |"
     echo "| :--- | :--- |"
     row device cat "$LOGS/gpu.txt"
-    has receive && row receive tail -2 "$LOGS/receive.log"
+    has receive && row receive sh -c "grep -E '^(framework|already)' '$LOGS/receive.log' | cut -c1-400 | tail -3"
     has trial && for sizes in ${TRIAL_SIZES:-recipe paper}; do
         row "gpu_trial, $sizes sizes (arch, samples/s, peak MiB, data wait %, GPU busy %, CUDA graphs)" \
             sh -c "grep -E '^\| [a-z_]+ \| [0-9]' '$LOGS/gpu_trial-$sizes.log' | cut -d'|' -f2-7; grep -E 'top kernels' '$LOGS/gpu_trial-$sizes.log' | cut -c1-230; grep -E 'Error|DIFFERS|no CUDA|cannot be captured' '$LOGS/gpu_trial-$sizes.log' | tail -3"
