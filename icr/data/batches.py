@@ -230,7 +230,8 @@ class TrainingBatches:
         width, clean_width = int(lengths.max()), int(clean_lengths.max())
         if self.static_shapes:  # padded further: the tables are wide enough (see _plan, __init__)
             width = padded_length(width, plan.tokens.shape[1])
-            clean_width = padded_length(clean_width, self.clean_tokens.shape[1])  # the device copies (lengths_device is set with static shapes)
+            clean_width = padded_length(clean_width, self.clean_tokens.shape[1])
+            # the lengths' device copies, which a captured step reads (set with static shapes)
             lengths = plan.lengths_device[start:stop]
             clean_lengths = self.clean_lengths_device.index_select(0, captions)
         batch = {
