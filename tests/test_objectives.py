@@ -70,6 +70,17 @@ def test_lagrangian_value_and_gradient_separation():
     assert l_rec.grad.item() == pytest.approx(0.8 / 0.15)  # the ascent step leaves the model alone
 
 
+def test_the_logged_lambda_is_the_one_its_call_used():
+    """A step's logged lambda stays what its loss used after step() moves the multiplier
+    (the trajectory reads the logs at the epoch's end)."""
+    objective = Lagrangian(eta=0.1, init=1.0)
+    first = objective(*_losses(1.0, 0.2)).logs["lambda"]  # violation 1: lambda rises
+    objective.step()
+    second = objective(*_losses(1.0, 0.2)).logs["lambda"]
+    assert float(first) == 1.0
+    assert float(second) == pytest.approx(objective.lambda_value) and float(second) > 1.0
+
+
 def test_a_discarded_call_does_not_move_the_multiplier():
     """A step that did not happen (a failed CUDA-graph capture) leaves no violation behind:
     after discard_pending, a step moves lambda by the next call's violation alone."""

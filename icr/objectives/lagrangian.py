@@ -143,7 +143,7 @@ class Lagrangian(Objective):
         if torch.is_grad_enabled():
             self._violations.append(violation.detach())
         logs = self._logs(loss, l_con, l_rec)
-        logs["lambda"] = lam
+        logs["lambda"] = lam.clone()  # lambda as this call used it: step() moves the parameter
         return ObjectiveOutput(loss, logs)
 
     def step(self) -> None:
