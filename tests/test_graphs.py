@@ -109,6 +109,28 @@ def test_shapes_beyond_max_graphs_run_eagerly():
     assert (runner.captured, runner.eager_calls) == (1, 1)
 
 
+def test_shapes_warming_up_together_capture_no_more_than_max_graphs():
+    runner, graphs = _runner(warmup=1, max_graphs=1)
+    runner("a", {"x": torch.ones(3)})  # both shapes warm up before either is captured
+    runner("a", {"x": torch.ones(4)})
+    runner("a", {"x": torch.ones(3)})  # captured
+    out = runner("a", {"x": torch.ones(4)})  # the limit is reached: eager
+    assert torch.equal(out["y"], torch.full((4,), 2.0))
+    assert (runner.captured, len(graphs), runner.eager_calls) == (1, 1, 3)
+
+
+def test_after_a_reset_a_shape_warms_up_and_is_captured_again():
+    """A checkpoint loaded into the model's, optimiser's or objective's state replaces the
+    tensors a graph reads: the task resets its graphs."""
+    runner, graphs = _runner(warmup=1)
+    for _ in range(2):
+        runner("a", {"x": torch.ones(3)})
+    runner.reset()
+    for _ in range(2):
+        runner("a", {"x": torch.ones(3)})
+    assert (runner.captured, len(graphs), runner.eager_calls) == (1, 2, 2)
+
+
 def test_a_step_that_cannot_be_captured_runs_eagerly_and_says_why(caplog):
     def fussy(inputs):
         if Recording.active is not None:

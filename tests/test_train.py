@@ -10,7 +10,13 @@ from icr.config import from_flat
 from icr.errors import ConfigError, TrainingError
 from icr.train import EpochReport, find_checkpoint, fit, load_trained
 from icr.train.checkpoint import load_checkpoint, save_checkpoint
-from icr.train.recipe import build_optimizer, lr_factor, schedule_factor, swa_snapshot_steps
+from icr.train.recipe import (
+    build_optimizer,
+    load_optimizer_state,
+    lr_factor,
+    schedule_factor,
+    swa_snapshot_steps,
+)
 
 TINY = {
     "data.preset": "tiny",
@@ -110,6 +116,32 @@ def test_adamp_updates_as_its_authors_package_does_without_host_syncs(capturable
         torch.testing.assert_close(mine.detach(), other.detach(), atol=1e-6, rtol=1e-6)
     assert opts[0].state_dict()["state"][0].keys() == opts[1].state_dict()["state"][0].keys()
     assert isinstance(opts[0].state[ours[0]]["step"], torch.Tensor) == capturable
+
+
+def test_a_checkpoint_loads_into_the_optimiser_this_run_built():
+    """A run resumed on another device loads a state written by an eager optimiser into a
+    capturable one (and the other way): each group keeps its own capture settings, a capturable
+    group's step counts become tensors (a number would be frozen into a CUDA graph), and its
+    learning-rate tensor stays the one a captured step reads, with the saved value."""
+    cpu = torch.device("cpu")
+    param = torch.nn.Parameter(torch.randn(4, 3))
+    eager = build_optimizer("adamp", [param], 0.1, 0.0, cpu, capturable=False)
+    for _ in range(2):
+        param.grad = torch.randn(4, 3)
+        eager.step()
+    eager.param_groups[0]["lr"] = 0.05  # what the schedule had reached
+    captured = build_optimizer("adamp", [param], 0.1, 0.0, cpu, capturable=True)
+    rate = captured.param_groups[0]["lr"]
+    load_optimizer_state(captured, eager.state_dict())
+    group, step = captured.param_groups[0], captured.state[param]["step"]
+    assert group["capturable"] is True and group["lr"] is rate
+    assert float(rate) == pytest.approx(0.05)  # float32
+    assert isinstance(step, torch.Tensor) and step.dtype == torch.float32 and float(step) == 2.0
+    back = build_optimizer("adam", [param], 0.1, 0.0, cpu, capturable=False)
+    saved = back.state_dict()
+    saved["param_groups"][0]["capturable"] = True  # as a CUDA run wrote it
+    load_optimizer_state(back, saved)
+    assert back.param_groups[0]["capturable"] is False
 
 
 def test_swa_snapshots_span_the_last_tenth():

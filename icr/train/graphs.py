@@ -105,12 +105,19 @@ class GraphedStep:
             if entry.calls < self.warmup:
                 entry.calls += 1
                 return self._eager(inputs, side_stream=True)
-            if not self._capture(entry, inputs):
+            # shapes that began their warm-up together may have filled the graphs meanwhile
+            if self.captured >= self.max_graphs or not self._capture(entry, inputs):
                 return self._eager(inputs)
         for name, tensor in inputs.items():
             entry.inputs[name].copy_(tensor, non_blocking=True)
         entry.graph.replay()
         return {name: tensor.clone() for name, tensor in entry.outputs.items()}
+
+    def reset(self) -> None:
+        """Forget every graph: the state they read was replaced (a checkpoint loaded into the
+        model, optimiser or objective); each shape warms up and is captured again."""
+        self._graphs.clear()
+        self.captured = 0
 
     def _eager(self, inputs: dict[str, Tensor], side_stream: bool = False) -> dict[str, Tensor]:
         self.eager_calls += 1

@@ -54,15 +54,27 @@ def build_optimizer(name: str, params: Iterable[Any], lr: float, weight_decay: f
 
 
 def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
-    """``optimizer.load_state_dict(state)``, keeping each group's learning-rate tensor (of a
-    ``capturable`` optimiser) where it is, its value the saved one: a captured step reads that
-    tensor's memory, and a checkpoint loaded on the CPU would replace it with a host tensor."""
+    """``optimizer.load_state_dict(state)`` as this run built the optimiser: each group keeps its
+    own ``capturable`` and ``fused`` (``load_state_dict`` takes the checkpoint's, which a run on
+    another device wrote), a capturable or fused group's step counts become float32 tensors on
+    their parameters' devices, and a ``capturable`` group's learning-rate tensor stays where it is
+    with the saved value: a captured step reads those tensors' memory, and a count left a Python
+    number would be frozen into the graph."""
+    own = [{k: group[k] for k in ("capturable", "fused") if k in group}
+           for group in optimizer.param_groups]
     kept = [group["lr"] for group in optimizer.param_groups]
     optimizer.load_state_dict(state)
-    for group, lr in zip(optimizer.param_groups, kept, strict=True):
+    for group, flags, lr in zip(optimizer.param_groups, own, kept, strict=True):
+        group.update(flags)
         if isinstance(lr, torch.Tensor):
             lr.copy_(torch.as_tensor(group["lr"]))
             group["lr"] = lr
+        if flags.get("capturable") or flags.get("fused"):
+            for p in group["params"]:
+                counts = optimizer.state.get(p, {})
+                if "step" in counts:
+                    counts["step"] = torch.as_tensor(counts["step"], dtype=torch.float32
+                                                     ).to(p.device)
 
 
 def schedule_factor(

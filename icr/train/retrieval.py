@@ -386,6 +386,7 @@ class RetrievalTask:
         self.scaler.load_state_dict(state["scaler"])
         self.objective.load_state_dict(state["objective"])
         self.global_step = state["global_step"]
+        self.step_runner.reset()  # the optimiser's and objective's state tensors are new
 
     def model_state(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().cpu().clone() for k, v in self.net.state_dict().items()}
