@@ -1,6 +1,6 @@
-"""Training steps a CUDA graph can record: GraphedStep's bookkeeping, and every architecture's
-static-shape step (no graph break under torch._dynamo, a handful of shapes an epoch, the same
-loss and gradients as the eager step at exact shapes)."""
+"""Training steps a CUDA graph can record: GraphedStep's bookkeeping, every registered loss and
+every architecture's static-shape forward pass and loss (no graph break under torch._dynamo), a
+handful of shapes an epoch, and the same loss and gradients as the eager step at exact shapes."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from icr.config import from_flat
+from icr.config import LossConfig, from_flat
+from icr.losses import LOSSES, loss_from_config
 from icr.train.graphs import GraphedStep
 from icr.train.retrieval import RetrievalTask
 from icr.train.tasks import build_task
@@ -185,6 +186,20 @@ def _task(arch: str, workspace, static: bool):
         task.encoder.image_encoder.set_backbone_trainable(False)
     task.net.train()
     return task
+
+
+@pytest.mark.parametrize("name", LOSSES.names())
+def test_every_registered_loss_traces_without_a_graph_break(name):
+    """Any loss a study names may run in a captured step: none reads the batch on the host,
+    even with two captions of one image in the batch (SmoothAP folds them at fixed shapes)."""
+    import torch._dynamo
+
+    loss = loss_from_config(LossConfig(name=name))
+    sims = torch.randn(8, 8, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    image_ids = torch.tensor([0, 1, 2, 2, 3, 4, 5, 6])
+    torch.compiler.reset()
+    explanation = torch._dynamo.explain(loss)(sims, image_ids)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
 
 
 @pytest.mark.parametrize("arch", GPU_TRIAL.ARCHS)

@@ -15,8 +15,9 @@ What that asks of the step (:class:`GraphedStep` checks none of it; the task is 
 - **Nothing read on the host.** A value read by the CPU (``.item()``, a packed sequence's
   lengths, a Python branch on a tensor) would be frozen at its captured value, or fail the capture.
   The models' static-shape paths (:mod:`icr.models.recurrent`) and the sync-free losses and
-  optimisers avoid them; ``tests/test_graphs.py`` traces every architecture's step with
-  ``torch._dynamo`` and fails on a graph break, which is what such a read causes.
+  optimisers avoid them; ``tests/test_graphs.py`` traces every architecture's forward pass and
+  loss, and every registered loss, with ``torch._dynamo`` and fails on a graph break, which is
+  what such a read causes (the backward and the optimisers are not traced there).
 - **State that changes between steps lives on the device**: the learning rate (a tensor the
   schedule fills), the optimiser's step counts (``capturable``), the Lagrange multiplier.
 - **The same computation every replay.** What changes the computation (freezing the backbone in
