@@ -102,6 +102,19 @@ def test_each_key_and_shape_gets_its_own_graph_and_outputs_are_copies():
     assert runner.captured == 3 and [g.replays for g in graphs] == [2, 1, 1]
 
 
+def test_graphs_of_one_input_shape_read_one_input_tensor():
+    """Graphs never run at once: two keys at one shape share their input tensor (a batch of
+    images is held once, not once per graph), and each replay still sees its own values."""
+    runner, graphs = _runner(warmup=0)
+    runner("a", {"x": torch.ones(3)})
+    runner("b", {"x": torch.ones(3)})
+    runner("b", {"x": torch.ones(4)})
+    assert graphs[0].inputs["x"] is graphs[1].inputs["x"]
+    assert graphs[2].inputs["x"] is not graphs[0].inputs["x"]
+    assert torch.equal(runner("a", {"x": torch.full((3,), 4.0)})["y"], torch.full((3,), 8.0))
+    assert torch.equal(runner("b", {"x": torch.full((3,), 5.0)})["y"], torch.full((3,), 10.0))
+
+
 def test_shapes_beyond_max_graphs_run_eagerly():
     runner, graphs = _runner(warmup=0, max_graphs=1)
     runner("a", {"x": torch.ones(3)})
