@@ -152,6 +152,13 @@ def gpu_fraction(trials: int) -> float:
     return 1 if trials == 1 else math.floor(10_000 / trials) / 10_000
 
 
+def trials_sharing(gpu: float) -> int:
+    """The trials per GPU that reserve ``gpu`` each (:func:`gpu_fraction`'s inverse): exact for
+    N up to 99, where the rounded fraction still exceeds ``1/(N + 1)`` (the option stops at
+    :data:`studies.plan.MAX_TRIALS_PER_GPU`)."""
+    return 1 if gpu >= 1 else math.floor(1 / gpu + 1e-9)
+
+
 def mps_state(environ: Mapping[str, str] = os.environ) -> str:
     """Whether NVIDIA MPS runs on this node, in words: "running (...)" or "not running".
 
@@ -206,8 +213,8 @@ class Cluster:
         per GPU, on the GPU node (alive or addable) with the fewest (so the trial fits on any),
         at most :data:`MAX_CPUS_PER_TRIAL`; whole cores from 1 up, hundredths below."""
         shapes = [(c, g) for c, g in self.shapes if g > 0]
-        if self.growth is not None:
-            shapes += [(t.cpus, t.gpus) for t in self.growth.node_types if t.gpus > 0]
+        if self.growth is not None:  # the GPU types it can add (those the limits allow)
+            shapes += [(t.cpus, t.gpus) for t, _ in self.growth.fullest("gpus")]
         if not shapes and self.gpus:
             shapes = [(self.cpus, self.gpus)]
         shares = [c / (g * trials_per_gpu) for c, g in shapes if c > 0]
@@ -220,18 +227,30 @@ class Cluster:
                         trials_per_gpu: int = 1) -> dict[str, float]:
         """What a trial reserves: ``1/trials_per_gpu`` of a GPU and its share of the node's
         cores (:meth:`cpu_share`) when the cluster has or can reach GPUs, else CPUs only."""
-        if self.reachable_gpus:
+        gpu = bool(self.reachable_gpus)
+        largest = self._largest_node_cpus(gpu)
+        if cpus_per_trial is not None and largest is not None and cpus_per_trial > largest:
+            raise UserError(f"--cpus-per-trial {cpus_per_trial}: the largest node that can hold "
+                            f"a trial has {largest:g} CPUs; give at most {math.floor(largest)}")
+        if gpu:
             return {"cpu": cpus_per_trial or self.cpu_share(trials_per_gpu),
                     "gpu": gpu_fraction(trials_per_gpu)}
         return {"cpu": cpus_per_trial or 1}
+
+    def _largest_node_cpus(self, gpu: bool) -> float | None:
+        """The most CPUs of a node, alive or addable, that can hold a trial (with a GPU when
+        ``gpu``); ``None`` when no such node is known (``--gpus N`` before any has started)."""
+        cpus = [c for c, g in self.shapes if g > 0 or not gpu]
+        if self.growth is not None:
+            cpus += [t.cpus for t, _ in self.growth.fullest("gpus" if gpu else "cpus")]
+        return max(cpus, default=None)
 
     def concurrency(self, resources: dict[str, float]) -> int:
         """Trials at a time: the GPUs the cluster can reach times the trials per GPU, or its CPU
         slots on a cluster without GPUs."""
         gpu = resources.get("gpu")
         if gpu:
-            per_gpu = round(1 / gpu) if gpu < 1 else 1
-            return max(1, int(self.reachable_gpus // max(gpu, 1)) * per_gpu)
+            return max(1, int(self.reachable_gpus // max(gpu, 1)) * trials_sharing(gpu))
         return max(1, int(self.reachable_cpus // resources["cpu"]))
 
     def describe(self, resources: dict[str, float]) -> str:
@@ -241,7 +260,7 @@ class Cluster:
         if self.growth is not None:
             parts.append(self._describe_growth("gpus" if gpu else "cpus"))
         if gpu:
-            per_gpu = round(1 / gpu) if gpu < 1 else 1
+            per_gpu = trials_sharing(gpu)
             share = "one GPU" if per_gpu == 1 else f"1/{per_gpu} of a GPU ({per_gpu} trials per GPU)"
             parts.append(f"{share} and {resources['cpu']:g} CPU(s) per trial")
         elif self.growth is not None and self.growth.stated_gpus is None:
@@ -265,6 +284,8 @@ class Cluster:
         growth = self.growth
         assert growth is not None
         if growth.stated_gpus is not None:
+            if self.gpus > growth.stated_gpus:
+                return f"{self.gpus} GPUs now, sized for {growth.stated_gpus} (--gpus)"
             return f"{self.gpus} of up to {self.reachable_gpus} GPUs now (--gpus {growth.stated_gpus})"
         most = growth.most(resource)
         unit, now = ("GPUs", self.gpus) if resource == "gpus" else ("CPUs", self.cpus)

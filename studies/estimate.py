@@ -191,15 +191,19 @@ def calibrate(plan: StudyPlan, costs: list[ConditionCost], steps: int,
 
 
 def trials_at_once(plan: StudyPlan, gpus: int | None = None) -> tuple[int, str]:
-    """Trials the study runs at once here (or on a cluster of ``gpus`` GPUs): one per GPU, else
-    one per CPU slot, as :meth:`studies.connection.Cluster.concurrency` decides."""
+    """Trials at once, as the estimate counts them, here (or on a cluster of ``gpus`` GPUs):
+    one per GPU, else one per CPU slot (:meth:`studies.connection.Cluster.concurrency`). With
+    ``--trials-per-gpu N`` the study runs N per GPU, but the calibrated step is one trial's
+    alone, so the estimate still counts one (N sharing a GPU train at a speed not measured)."""
     if gpus is None:
         gpus = torch.cuda.device_count()
         where = "this machine"
     else:
         where = f"a cluster of {gpus} GPU(s)"
     if gpus:
-        return gpus, f"{where}: one trial per GPU"
+        shared = (f" (the study runs {plan.trials_per_gpu} per GPU; their shared speed is not "
+                  "calibrated)" if plan.trials_per_gpu > 1 else "")
+        return gpus, f"{where}: one trial per GPU{shared}"
     cpus = os.cpu_count() or 1
     slot = plan.cpus_per_trial or 1
     return max(1, cpus // slot), f"{where}: {cpus} CPUs, {slot} per trial, no GPU"

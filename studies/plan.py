@@ -40,6 +40,7 @@ from studies.catalog import Recipe, Study, space_path
 from studies.space import Domain, grid_size, load_space
 
 TRIALS_PER_GPU_VARIABLE = "ICR_TRIALS_PER_GPU"  # a machine's --trials-per-gpu (its GPUs' size)
+MAX_TRIALS_PER_GPU = 64  # 1/N of a GPU at Ray's precision (0.0001) names N exactly up to 99
 CONFIRM_SEED_BASE = 1000  # confirmation seeds are 1000, 1001, ...: never a search trial's seed
 TRACKING_SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks")
 STORAGE_SCHEMES = ("s3", "gs", "gcs")
@@ -287,16 +288,17 @@ def trials_per_gpu(given: int | None, environ: Mapping[str, str] = os.environ) -
     """Trials that share one GPU: ``--trials-per-gpu N``, else the machine's setting
     (:data:`TRIALS_PER_GPU_VARIABLE`: how many of a study's trials its GPUs hold is a property
     of the machine, as the workspace is), else 1. A bad value is a one-line UserError."""
+    most = MAX_TRIALS_PER_GPU
     if given is not None:
-        if given < 1:
-            raise UserError(f"--trials-per-gpu {given}: give 1 or more trials per GPU")
+        if not 1 <= given <= most:
+            raise UserError(f"--trials-per-gpu {given}: give 1 to {most} trials per GPU")
         return given
     text = environ.get(TRIALS_PER_GPU_VARIABLE, "").strip()
     if not text:
         return 1
-    if not text.isdigit() or int(text) < 1:
+    if not text.isdigit() or not 1 <= int(text) <= most:
         raise UserError(f"{TRIALS_PER_GPU_VARIABLE}={text}: give a whole number of trials per GPU, "
-                        "1 or more (or unset it)")
+                        f"1 to {most} (or unset it)")
     return int(text)
 
 

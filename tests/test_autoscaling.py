@@ -25,6 +25,7 @@ import os
 import random
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -150,7 +151,12 @@ def test_the_autoscalers_config_is_found_by_its_gcs_address(tmp_path: Path) -> N
             time.sleep(0.05)  # waits for the process to start, not for time
         found = tmp_path / "autoscaling.yaml"
         assert ray_internals.autoscaler_config_file("127.0.0.1:45678") == found
-        assert ray_internals.autoscaler_config_file("10.0.0.5:45678") == found  # the same head
+        own = [a.address for addrs in psutil.net_if_addrs().values() for a in addrs
+               if a.family == socket.AF_INET and not a.address.startswith("127.")]
+        for address in own[:1]:  # the same head through another of this machine's addresses
+            assert ray_internals.autoscaler_config_file(f"{address}:45678") == found
+        # another machine's cluster on the same port (192.0.2.0/24 is for documentation only)
+        assert ray_internals.autoscaler_config_file("192.0.2.1:45678") is None
         assert ray_internals.autoscaler_config_file("127.0.0.1:45679") is None
     finally:
         monitor.kill()

@@ -77,8 +77,12 @@ def test_kuberay_rayjob_follows_the_rayjob_schema(rayjob_schema: dict) -> None:
     gpus = sum(g["maxReplicas"] * int(c["resources"]["limits"]["nvidia.com/gpu"])
                for g in cluster["workerGroupSpecs"] for c in g["template"]["spec"]["containers"])
     assert all(g["minReplicas"] == 0 for g in cluster["workerGroupSpecs"])
-    # The autoscaler runs in its own container there: the entrypoint says what it can reach.
+    # The autoscaler runs in its own container there: the entrypoint says what it can reach,
+    # and a worker's CPUs per GPU (no worker runs when the study sizes its trials).
     assert f"--gpus {gpus}" in manifest["spec"]["entrypoint"]
+    per_gpu = {int(c["resources"]["limits"]["cpu"]) // int(c["resources"]["limits"]["nvidia.com/gpu"])
+               for g in cluster["workerGroupSpecs"] for c in g["template"]["spec"]["containers"]}
+    assert f"--cpus-per-trial {min(per_gpu)}" in manifest["spec"]["entrypoint"]
 
 
 @pytest.mark.parametrize("path, misspelt", [

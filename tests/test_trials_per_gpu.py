@@ -18,13 +18,14 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from icr.errors import UserError
-from studies.connection import Cluster, gpu_fraction, mps_state
-from studies.plan import TRIALS_PER_GPU_VARIABLE, trials_per_gpu
+from studies.connection import Cluster, Growth, NodeType, gpu_fraction, mps_state, trials_sharing
+from studies.plan import MAX_TRIALS_PER_GPU, TRIALS_PER_GPU_VARIABLE, trials_per_gpu
 
 from fakes import most_at_once, private_ray
 
@@ -39,12 +40,39 @@ def one_node(cpus: int, gpus: int) -> Cluster:
                    shapes=((float(cpus), float(gpus)),))
 
 
-@pytest.mark.parametrize("trials", range(1, 17))
+@pytest.mark.parametrize("trials", range(1, MAX_TRIALS_PER_GPU + 1))
 def test_n_fractions_of_a_gpu_fit_on_it_at_ray_precision(trials: int) -> None:
     """Ray counts resources in units of 0.0001: N reservations of 1/N must add up to at most
-    one GPU in those units, and N + 1 to more."""
+    one GPU in those units, and N + 1 to more; the fraction names N again (the start line's
+    trials per GPU, the trials at once)."""
     units = round(gpu_fraction(trials) * 10_000)
     assert trials * units <= 10_000 < (trials + 1) * units
+    assert trials_sharing(gpu_fraction(trials)) == trials
+    node = one_node(cpus=16, gpus=2)
+    assert node.concurrency(node.trial_resources(trials_per_gpu=trials)) == 2 * trials
+
+
+def test_a_trial_s_cpus_beyond_every_node_that_can_hold_it_are_refused() -> None:
+    """Tune would leave such trials pending without a word (the study would wait forever)."""
+    gpu_node = Cluster("a", None, cpus=40, gpus=1, nodes=2, started_here=False,
+                       shapes=((8.0, 1.0), (32.0, 0.0)))
+    assert gpu_node.trial_resources(cpus_per_trial=8) == {"cpu": 8, "gpu": 1}
+    with pytest.raises(UserError, match="^--cpus-per-trial 9: the largest node that can hold a "
+                                        "trial has 8 CPUs; give at most 8$"):
+        gpu_node.trial_resources(cpus_per_trial=9)  # the 32-core node has no GPU
+    growing = Cluster("a", None, cpus=0, gpus=0, nodes=1, started_here=False,
+                      growth=Growth("cfg", (NodeType("g", 8, 1, 4), NodeType("g8", 96, 8, 0)), 4))
+    with pytest.raises(UserError, match="has 8 CPUs"):  # g8 may not start (max_workers 0)
+        growing.trial_resources(cpus_per_trial=16)
+    stated = Cluster("a", None, cpus=0, gpus=0, nodes=1, started_here=False,
+                     growth=Growth("--gpus", stated_gpus=8))  # no worker known yet: not checked
+    assert stated.trial_resources(cpus_per_trial=16) == {"cpu": 16, "gpu": 1}
+
+
+def test_the_cpu_share_comes_from_the_gpu_nodes_the_study_can_reach() -> None:
+    growing = Cluster("a", None, cpus=0, gpus=0, nodes=1, started_here=False,
+                      growth=Growth("cfg", (NodeType("g8", 4, 8, 0), NodeType("g", 8, 1, 4)), 4))
+    assert growing.trial_resources() == {"cpu": 8, "gpu": 1}  # not g8's half core per GPU
 
 
 def test_a_trial_reserves_its_share_of_a_gpu_and_of_the_nodes_cores() -> None:
@@ -78,6 +106,26 @@ def test_the_start_line_says_the_share_and_mps() -> None:
     assert node.describe(node.trial_resources()).endswith("; 2 trial(s) at a time; MPS: not running")
 
 
+def test_the_estimate_counts_one_trial_per_gpu_and_says_when_the_study_shares_them() -> None:
+    """--plan's step time is one trial's alone: trials sharing a GPU are not sped up by it."""
+    from studies.estimate import trials_at_once
+
+    shared = SimpleNamespace(trials_per_gpu=4, cpus_per_trial=None)
+    assert trials_at_once(shared, gpus=8) == (
+        8, "a cluster of 8 GPU(s): one trial per GPU (the study runs 4 per GPU; their shared "
+           "speed is not calibrated)")
+    alone = SimpleNamespace(trials_per_gpu=1, cpus_per_trial=None)
+    assert trials_at_once(alone, gpus=8) == (8, "a cluster of 8 GPU(s): one trial per GPU")
+
+
+def test_gpus_below_what_the_cluster_has_is_said_as_such() -> None:
+    big = Cluster("a", None, cpus=64, gpus=8, nodes=2, started_here=False,
+                  shapes=((32.0, 4.0), (32.0, 4.0)), growth=Growth("--gpus", stated_gpus=4))
+    assert big.describe(big.trial_resources()) == (
+        "Ray: 2 node(s), 64 CPUs, 8 GPUs; 8 GPUs now, sized for 4 (--gpus); one GPU and 8 CPU(s) "
+        "per trial; 4 trial(s) at a time")
+
+
 def test_trials_per_gpu_comes_from_the_flag_else_the_machines_setting() -> None:
     assert trials_per_gpu(None, {}) == 1
     assert trials_per_gpu(None, {TRIALS_PER_GPU_VARIABLE: "4"}) == 4
@@ -85,14 +133,17 @@ def test_trials_per_gpu_comes_from_the_flag_else_the_machines_setting() -> None:
     for bad in ("0", "two", "1.5", "-1"):
         with pytest.raises(UserError, match=f"^{TRIALS_PER_GPU_VARIABLE}={bad}: give a whole"):
             trials_per_gpu(None, {TRIALS_PER_GPU_VARIABLE: bad})
-    with pytest.raises(UserError, match="^--trials-per-gpu 0: give 1 or more"):
-        trials_per_gpu(0, {})
+    for bad in (0, MAX_TRIALS_PER_GPU + 1):
+        with pytest.raises(UserError, match=f"^--trials-per-gpu {bad}: give 1 to 64 trials"):
+            trials_per_gpu(bad, {})
+    with pytest.raises(UserError, match=f"^{TRIALS_PER_GPU_VARIABLE}=65: give a whole"):
+        trials_per_gpu(None, {TRIALS_PER_GPU_VARIABLE: "65"})
 
 
 def test_a_bad_trials_per_gpu_is_one_line_and_exit_code_2(tmp_path: Path) -> None:
     env = {**os.environ, TRIALS_PER_GPU_VARIABLE: "many"}
     for args, extra, expected in (
-        (["--trials-per-gpu", "0"], {}, "error: --trials-per-gpu 0: give 1 or more trials per GPU"),
+        (["--trials-per-gpu", "0"], {}, "error: --trials-per-gpu 0: give 1 to 64 trials per GPU"),
         ([], env, f"error: {TRIALS_PER_GPU_VARIABLE}=many: give a whole number of trials per GPU"),
     ):
         result = subprocess.run(

@@ -12,7 +12,9 @@ node types it can add (:func:`autoscaler_config_file`). The modules that use the
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -122,10 +124,12 @@ def autoscaler_config_file(gcs_address: str) -> Path | None:
     ``ray exec cluster.yaml`` runs it); ``None`` elsewhere, or for a cluster without one.
 
     The autoscaler is found by its command line (:data:`MONITOR_SCRIPTS`): the one whose GCS
-    address is ``gcs_address``, else the only one on its port (the same head seen through
-    another of its addresses).
+    address is ``gcs_address``, else, when that address is one of this machine's, the only one
+    on its port (the same head seen through another of its addresses; another machine's
+    cluster on the same port is not this one).
     """
-    port = gcs_address.rpartition(":")[2]
+    host, _, port = gcs_address.rpartition(":")
+    local = _is_this_machine(host)
     exact, same_port = [], []
     for proc in psutil.process_iter():
         try:
@@ -144,11 +148,22 @@ def autoscaler_config_file(gcs_address: str) -> Path | None:
             continue
         if gcs == gcs_address:
             exact.append(path)
-        elif gcs.rpartition(":")[2] == port:
+        elif local and gcs.rpartition(":")[2] == port:
             same_port.append(path)
     if exact:
         return exact[0]
     return same_port[0] if len(same_port) == 1 else None
+
+
+def _is_this_machine(host: str) -> bool:
+    """Whether ``host`` (a name or an IP address) is one of this machine's addresses."""
+    try:
+        address = ipaddress.ip_address(socket.gethostbyname(host.strip("[]")))
+    except (OSError, ValueError):
+        return False
+    if address.is_loopback:
+        return True
+    return str(address) in {a.address for addrs in psutil.net_if_addrs().values() for a in addrs}
 
 
 def _option(args: list[str], prefix: str) -> str | None:
