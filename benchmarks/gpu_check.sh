@@ -144,38 +144,38 @@ trap 'tar -czf "$RESULT/logs.tar.gz" -C "$STORE" logs 2>/dev/null' EXIT
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false RAY_USAGE_STATS_ENABLED=0 \
     MLFLOW_DISABLE_TELEMETRY=true ICR_WORKSPACE=$WS
 
-install_frameworks() {  # the parts joined and checked, each wheel zipped again, pip offline
+install_frameworks() {  # the parts joined and checked, wheels zipped again, pip offline
     (cd "$STORE/parts" && sha256sum -c --quiet SHA256SUMS) || return 1
     rm -rf "$STORE/wheels" && mkdir -p "$STORE/wheels" || return 1
-    python3 - "$STORE" <<'PY' || return 1
-import io, lzma, shutil, sys, tarfile, zipfile
+    python3 -m pip list --format=freeze > "$LOGS/pip-before.txt" 2>/dev/null
+    # each wheel whose distribution the machine lacks is zipped again (missing.txt lists them);
+    # receive.log names the ones it has
+    python3 - "$STORE" > "$STORE/missing.txt" <<'PY' || return 1
+import importlib.metadata as metadata, io, lzma, re, shutil, sys, tarfile, zipfile
 from pathlib import Path
 store = Path(sys.argv[1])
 parts = sorted((store / "parts").glob("part-*"), key=lambda p: int(p.name.split("-")[1]))
 stream = lzma.open(io.BytesIO(b"".join(p.read_bytes() for p in parts)))
 with tarfile.open(fileobj=stream, mode="r|") as archive:  # the modes come along (Ray's binaries)
     archive.extractall(store / "wheels", **({"filter": "tar"} if hasattr(tarfile, "tar_filter") else {}))
+have, missing = [], []
 for folder in sorted(p for p in (store / "wheels").iterdir() if p.is_dir()):
+    name = re.sub(r"[-_.]+", "-", folder.name.split("-")[0]).lower()
+    try:
+        have.append(f"{name} {metadata.version(name)}")
+        shutil.rmtree(folder)
+        continue
+    except metadata.PackageNotFoundError:
+        pass
     folder = folder.rename(folder.with_name(folder.name + ".d"))
     with zipfile.ZipFile(folder.with_name(folder.name[:-2]), "w", zipfile.ZIP_STORED) as wheel:
         for path in sorted(folder.rglob("*")):
             if path.is_file():  # its mode goes with it: pip sets the executable bits from it
                 wheel.write(path, path.relative_to(folder).as_posix())
     shutil.rmtree(folder)
-PY
-    python3 -m pip list --format=freeze > "$LOGS/pip-before.txt" 2>/dev/null
-    # the wheels whose distribution the machine lacks; receive.log names the ones it has
-    python3 - "$STORE/wheels" > "$STORE/missing.txt" <<'PY' || return 1
-import importlib.metadata as metadata, re, sys
-from pathlib import Path
-have, missing = [], []
-for wheel in sorted(Path(sys.argv[1]).glob("*.whl")):
-    name = re.sub(r"[-_.]+", "-", wheel.name.split("-")[0]).lower()
-    try:
-        have.append(f"{name} {metadata.version(name)}")
-    except metadata.PackageNotFoundError:
-        missing.append(str(wheel))
+    missing.append(str(folder)[:-2])
 print("\n".join(missing))
+(store / "wheel-count").write_text(str(len(have) + len(missing)))
 print(f"already on this machine ({len(have)}): {', '.join(have)}", file=sys.stderr)
 PY
     xargs python3 -m pip install -q --no-index --no-deps --no-compile --target "$STORE/frameworks" \
@@ -189,7 +189,7 @@ if has receive; then
     echo "framework parts: $held of $wanted here" | tee -a "$LOGS/receive.log"
     if [ "$held" = "$wanted" ] && [ ! -e "$STORE/frameworks/.installed" ]; then
         if install_frameworks >> "$LOGS/receive.log" 2>&1; then
-            echo "frameworks installed: $(wc -l < "$STORE/missing.txt") of $(ls "$STORE/wheels" | wc -l) wheels (the rest were there)" | tee -a "$LOGS/receive.log"
+            echo "frameworks installed: $(wc -l < "$STORE/missing.txt") of $(cat "$STORE/wheel-count") wheels (the rest were there)" | tee -a "$LOGS/receive.log"
         else
             echo "frameworks: install failed (see receive.log)" | tee -a "$LOGS/receive.log"
         fi

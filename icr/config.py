@@ -518,6 +518,14 @@ def used_keys(config: ExperimentConfig) -> list[str]:
         chosen = now
 
 
+def used_values(config: ExperimentConfig, prefixes: tuple[str, ...]) -> dict[str, Scalar]:
+    """The keys this configuration uses (:func:`used_keys`) that start with one of ``prefixes``,
+    with their values: what an error raised inside a training step names
+    (:func:`icr.errors.step_errors`)."""
+    flat = to_flat(config)
+    return {key: flat[key] for key in used_keys(config) if key.startswith(prefixes)}
+
+
 def check_paths(config: ExperimentConfig) -> None:
     """Every local file or folder the configuration uses exists; ConfigError naming the first
     key that names a missing one (checked on the driver, before anything starts)."""

@@ -6,7 +6,8 @@ print the message and exit with code 2; anything else is a bug and keeps its tra
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 
 
 class UserError(Exception):
@@ -35,9 +36,26 @@ def step_error(error: Exception, *, epoch: int, step: int, keys: Mapping[str, ob
     and is meant to be raised ``from None``: the innermost exception of its chain, it is the line
     a study records for the failed trial.
     """
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    lines = message_lines(str(error))
     what = f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
     values = ", ".join(f"{key}={value}" for key, value in keys.items())
     settings = f" with {values}; check those values" if values else ""
     return TrainingError(f"the training step failed at epoch {epoch + 1}, step {step + 1} "
                          f"({what}){settings}").with_traceback(error.__traceback__)
+
+
+@contextlib.contextmanager
+def step_errors(*, epoch: int, step: int, keys: Mapping[str, object]) -> Iterator[None]:
+    """Around training step ``step`` of ``epoch``: a :class:`UserError` goes through as it is,
+    any other error comes out as :func:`step_error` makes it."""
+    try:
+        yield
+    except UserError:
+        raise
+    except Exception as error:
+        raise step_error(error, epoch=epoch, step=step, keys=keys) from None
+
+
+def message_lines(text: str) -> list[str]:
+    """The lines of an error message (or of a log) that hold something, stripped."""
+    return [line.strip() for line in text.splitlines() if line.strip()]

@@ -212,9 +212,7 @@ class Cluster:
         """A trial's share of a GPU node's cores: the node's CPUs over its GPUs times the trials
         per GPU, on the GPU node (alive or addable) with the fewest (so the trial fits on any),
         at most :data:`MAX_CPUS_PER_TRIAL`; whole cores from 1 up, hundredths below."""
-        shapes = [(c, g) for c, g in self.shapes if g > 0]
-        if self.growth is not None:  # the GPU types it can add (those the limits allow)
-            shapes += [(t.cpus, t.gpus) for t, _ in self.growth.fullest("gpus")]
+        shapes = self._trial_nodes(gpu=True)
         if not shapes and self.gpus:
             shapes = [(self.cpus, self.gpus)]
         shares = [c / (g * trials_per_gpu) for c, g in shapes if c > 0]
@@ -228,7 +226,7 @@ class Cluster:
         """What a trial reserves: ``1/trials_per_gpu`` of a GPU and its share of the node's
         cores (:meth:`cpu_share`) when the cluster has or can reach GPUs, else CPUs only."""
         gpu = bool(self.reachable_gpus)
-        largest = self._largest_node_cpus(gpu)
+        largest = max((cpus for cpus, _ in self._trial_nodes(gpu)), default=None)
         if cpus_per_trial is not None and largest is not None and cpus_per_trial > largest:
             raise UserError(f"--cpus-per-trial {cpus_per_trial}: the largest node that can hold "
                             f"a trial has {largest:g} CPUs; give at most {math.floor(largest)}")
@@ -237,13 +235,14 @@ class Cluster:
                     "gpu": gpu_fraction(trials_per_gpu)}
         return {"cpu": cpus_per_trial or 1}
 
-    def _largest_node_cpus(self, gpu: bool) -> float | None:
-        """The most CPUs of a node, alive or addable, that can hold a trial (with a GPU when
-        ``gpu``); ``None`` when no such node is known (``--gpus N`` before any has started)."""
-        cpus = [c for c, g in self.shapes if g > 0 or not gpu]
+    def _trial_nodes(self, gpu: bool) -> list[tuple[float, float]]:
+        """(CPUs, GPUs) of the nodes that can hold a trial (with a GPU when ``gpu``): those
+        alive now and the types the autoscaler can add within its limits; none known with
+        ``--gpus N`` before a node has started."""
+        shapes = [(c, g) for c, g in self.shapes if g > 0 or not gpu]
         if self.growth is not None:
-            cpus += [t.cpus for t, _ in self.growth.fullest("gpus" if gpu else "cpus")]
-        return max(cpus, default=None)
+            shapes += [(t.cpus, t.gpus) for t, _ in self.growth.fullest("gpus" if gpu else "cpus")]
+        return shapes
 
     def concurrency(self, resources: dict[str, float]) -> int:
         """Trials at a time: the GPUs the cluster can reach times the trials per GPU, or its CPU

@@ -16,6 +16,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
+from icr.errors import message_lines
+
 FAILED_IN_TRAINING = "icr_failed_in_training"  # set on an exception that fit raised
 MAX_CHARS = 500  # a longer cause is cut: it is one line of a status line, a tag and a report
 
@@ -46,10 +48,10 @@ def error_line(error: BaseException | str | None) -> str:
     if not error:
         return "the trial failed without an error (its worker was lost?)"
     if isinstance(error, str):
-        lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
+        lines = message_lines(error)
         return re.sub(r"^(?:\w+\.)+(\w+: )", r"\1", lines[-1])[:MAX_CHARS]
     *_, cause = causes(error)
-    lines = [line.strip() for line in str(cause).strip().splitlines() if line.strip()]
+    lines = message_lines(str(cause))
     text = lines[-1] if lines else type(cause).__name__
     if ": " not in text[:60]:
         text = f"{type(cause).__name__}: {text}"

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from icr.errors import UserError
+from icr.errors import UserError, message_lines
 from studies import processes
 from studies.frameworks import ray as ray_internals
 
@@ -353,7 +353,7 @@ class _ExitedEarly(UserError):
 
 def _telling_line(path: Path) -> str:
     """The last line of a log that reports an error or a failure, else its last line."""
-    lines = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    lines = message_lines(path.read_text(errors="replace"))
     telling = [line for line in lines if any(w in line.lower() for w in ("error", "fail"))]
     return (telling or lines or ["no output"])[-1]
 

@@ -17,7 +17,6 @@ from typing import Any
 from filelock import FileLock
 
 from icr.config import ExperimentConfig, key_specs, to_flat, used_keys
-from icr.data.datasets import load_source
 from icr.errors import ConfigError
 from icr.train.tasks import Prepared, check_fits, prepare
 from icr.workspace import Workspace
@@ -53,7 +52,7 @@ def default_prepare(config: ExperimentConfig, workspace: Workspace) -> Prepared:
     from icr.data.synthetic import read_manifest  # lazy: the generator stays off the CLI's start
 
     prepared = prepare(config, workspace)
-    manifest = read_manifest(load_source(config, workspace).root)
+    manifest = read_manifest(prepared.root) if prepared.root is not None else None
     return replace(prepared, fingerprint=manifest["fingerprint"]) if manifest else prepared
 
 

@@ -229,11 +229,10 @@ def build_report(study: Study, tracker: Tracker, out: Path, parent_id: str | Non
     out.mkdir(parents=True, exist_ok=True)
     runs.frame.to_csv(out / "trials.csv", index=False)
     labels = row_labels(study, runs, searched)
-    notes = failure_notes(study, runs)
+    notes, data = failure_notes(study, runs), data_notes(study, tags)
     description, summary = [], {}
     for table in study.tables:
-        markdown, metrics = write_table(table, study, runs, labels, notes, out,
-                                        data_notes(study, tags))
+        markdown, metrics = write_table(table, study, runs, labels, notes, out, data)
         description.append(markdown)
         summary.update(metrics)
     for figure in study.figures:

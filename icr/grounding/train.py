@@ -44,10 +44,10 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from icr.config import GroundingConfig, Scalar, to_flat, used_keys
+from icr.config import GroundingConfig, Scalar, used_values
 from icr.context import Attention, Capability
 from icr.data.datasets import DatasetSource, load_source
-from icr.errors import ConfigError, DataError, UserError, step_error
+from icr.errors import ConfigError, DataError, step_errors
 from icr.grounding.data import GroundingSplit, load_grounding
 from icr.grounding.losses import image_infonce_loss, language_infonce_loss
 from icr.grounding.model import build_grounding_model
@@ -204,7 +204,7 @@ class GroundingTask:
         box_convention: how evaluation reads boxes, ``infoground`` (the reference's evaluation)
             or ``continuous`` (:mod:`icr.metrics.grounding`).
         step_keys: the config keys behind the model, the losses and the optimiser, with their
-            values, that an error raised inside a step names (:func:`icr.errors.step_error`;
+            values, that an error raised inside a step names (:func:`icr.errors.step_errors`;
             the builder gives :data:`STEP_KEYS` and ``optim.*``).
     """
 
@@ -302,12 +302,8 @@ class GroundingTask:
                    leave=False)
         for step in bar:
             index = np.sort(order[step * self.batch_size:(step + 1) * self.batch_size].numpy())
-            try:
+            with step_errors(epoch=epoch, step=step, keys=self.step_keys):
                 terms = self.train_step(self._batch("train", index), epoch, step)
-            except UserError:
-                raise
-            except Exception as error:  # where, and with which settings (icr.errors.step_error)
-                raise step_error(error, epoch=epoch, step=step, keys=self.step_keys) from None
             row = self.global_step if self.global_step % self.trajectory_every == 0 else None
             record.add(terms["loss"], terms, row_step=row)
             if timer is not None:
@@ -417,7 +413,8 @@ def prepare_grounding(config: Any, workspace: Any) -> Prepared:
     for split in SPLITS:
         digest.update("\n".join(data.splits[split].captions).encode())
     train = data.splits["train"]
-    return Prepared(digest.hexdigest()[:16], train.num_captions, train.num_images)
+    root = data.source.root if data.source is not None else None
+    return Prepared(digest.hexdigest()[:16], train.num_captions, train.num_images, root)
 
 
 def fits_grounding(config: Any, data: Prepared) -> None:
@@ -429,7 +426,7 @@ def fits_grounding(config: Any, data: Prepared) -> None:
                 fits=fits_grounding, provides=(GroundingInputs, Attention))
 def grounding(config: Any, workspace: Any, device: torch.device) -> GroundingTask:
     """Weakly supervised phrase grounding (Gupta et al., ECCV 2020); keys in the module docstring."""
-    g, flat = config.grounding, to_flat(config)
+    g = config.grounding
     data = _prepare(config, workspace, str(device))
     o, t = config.optim, config.train
     return GroundingTask(
@@ -439,5 +436,4 @@ def grounding(config: Any, workspace: Any, device: torch.device) -> GroundingTas
         device=device, amp=t.amp, amp_dtype=t.amp_dtype, max_steps_per_epoch=t.max_steps_per_epoch,
         trajectory_every=t.trajectory_every, eval_batch_size=config.eval.batch_size,
         box_convention=g.box_convention,
-        step_keys={key: flat[key] for key in used_keys(config)
-                   if key in STEP_KEYS or key.startswith("optim.")})
+        step_keys=used_values(config, (*STEP_KEYS, "optim.")))

@@ -38,7 +38,7 @@ from torch.optim.swa_utils import AveragedModel, update_bn
 from tqdm.auto import tqdm
 
 from icr.analysis.cocos import COCOS_COUNTERS, build_counter
-from icr.config import ExperimentConfig, Scalar, to_flat, used_keys
+from icr.config import ExperimentConfig, used_keys, used_values
 from icr.context import Capability, Embedder, Embeddings, InitialEmbeddings
 from icr.data.batches import Batch, TrainingBatches
 from icr.data.features import cached_backbone_features
@@ -46,7 +46,7 @@ from icr.data.glove import check_glove_file
 from icr.data.images import ImageStore, SplitImages, place_images
 from icr.data.pipeline import PreparedData
 from icr.data.sampler import steps_per_epoch
-from icr.errors import ConfigError, UserError, step_error
+from icr.errors import ConfigError, step_errors
 from icr.losses import ContrastiveLoss, config_options, loss_from_config, warmup_from_config
 from icr.losses.contrastive import split_output
 from icr.models.build import build_decoder, build_dual_encoder, check_inputs
@@ -99,6 +99,8 @@ class RetrievalTask:
         self.precision = Precision.of(config.train.amp, device, config.train.amp_dtype)
         self.graphs = captures_steps(config, device, self.precision)
         self.static_shapes = self.graphs if static_shapes is None else static_shapes
+        # the keys an error inside a step names, with their values (the loss's own options)
+        self.step_keys = used_values(config, ("loss.", "objective.", "optim."))
         self.prepared = data  # as prepared (pixels), before any cached backbone features
         self.epochs = config.epochs
         images = data.images["train"]
@@ -227,19 +229,16 @@ class RetrievalTask:
         if self.config.image.frozen:
             self.encoder.image_encoder.set_backbone_trainable(False)
         self.net.train()
+        self._loss_fn = self.loss_for_epoch(epoch)
+        key = self._step_key()  # read from the model once: nothing above changes in the epoch
         snapshots = swa_snapshot_steps(self.steps_per_epoch, t.swa_snapshots, t.swa_fraction)
         averaged = AveragedModel(self.net, use_buffers=False) if t.swa else None
         record = StepLog(epoch, "lower optim.lr or check the data")
         bar = tqdm(self.batches(epoch, self.steps_per_epoch), total=self.steps_per_epoch,
                    desc=f"epoch {epoch + 1}/{self.epochs}", disable=not progress, leave=False)
         for step, batch in enumerate(bar):
-            try:
-                out = self.train_step(batch, epoch, step)
-            except UserError:
-                raise
-            except Exception as error:  # where, and with which settings (icr.errors.step_error)
-                raise step_error(error, epoch=epoch, step=step, keys=step_keys(self.config)
-                                 ) from None
+            with step_errors(epoch=epoch, step=step, keys=self.step_keys):
+                out = self.train_step(batch, epoch, step, key)
             row = self.global_step if self.global_step % t.trajectory_every == 0 else None
             record.add(out.loss, out.terms, row_step=row,
                        extra=self._cocos(out) if row is not None else None)
@@ -269,12 +268,15 @@ class RetrievalTask:
             return self.warmup_loss_fn
         return self.loss_fn
 
-    def train_step(self, batch: Batch, epoch: int, step: int) -> StepOutput:
+    def train_step(self, batch: Batch, epoch: int, step: int, key: tuple | None = None
+                   ) -> StepOutput:
         """One optimiser step on ``batch``; nothing in it waits for the device. On CUDA the
         step is a replay of a CUDA graph (:mod:`icr.train.graphs`); the learning rate moves
-        after it, on the host's schedule, into the tensor the next replay reads."""
+        after it, on the host's schedule, into the tensor the next replay reads. ``key``: the
+        step's :meth:`_step_key` where the caller has it (:meth:`train_epoch`, once an epoch:
+        reading it walks every parameter and module), else read here."""
         self._loss_fn = self.loss_for_epoch(epoch)
-        out = self.step_runner(self._step_key(), self.step_inputs(batch))
+        out = self.step_runner(self._step_key() if key is None else key, self.step_inputs(batch))
         self.scheduler.step()
         self.global_step += 1
         terms = {name[len(_TERM):]: v for name, v in out.items() if name.startswith(_TERM)}
@@ -453,7 +455,7 @@ def prepare_retrieval(config: ExperimentConfig, workspace: Workspace) -> Prepare
     """The data of a retrieval run, cached (dataset, vocabulary, targets, relevance)."""
     data = prepare_data(config, workspace)
     train = data.splits["train"]
-    return Prepared(data.fingerprint, train.num_captions, train.num_images)
+    return Prepared(data.fingerprint, train.num_captions, train.num_images, data.source.root)
 
 
 def fits_retrieval(config: ExperimentConfig, data: Prepared) -> None:
@@ -484,11 +486,3 @@ def live_cocos(config: ExperimentConfig) -> Any:
     return lambda sims, ids: {f"cocos_{k}": v for k, v in counter(sims, ids).items()
                               if not math.isnan(v)}
 
-
-def step_keys(config: ExperimentConfig) -> dict[str, Scalar]:
-    """The keys of the loss, the objective and the optimiser a training step runs, as this run
-    uses them (the loss's own options only, :func:`icr.config.used_keys`), with their values:
-    what an error raised inside a step names (:func:`icr.errors.step_error`)."""
-    flat = to_flat(config)
-    return {key: flat[key] for key in used_keys(config)
-            if key.split(".")[0] in ("loss", "objective", "optim")}

@@ -92,11 +92,14 @@ class Prepared:
         fingerprint: identifies the data (files and split contents), for tracking.
         train_captions: training captions an epoch can draw from (grounding: those with phrases).
         train_images: training images (with at least one caption).
+        root: the dataset's folder, where the driver may read what names the data (the
+            embedded benchmark's manifest); ``None`` when there is no such folder.
     """
 
     fingerprint: str
     train_captions: int
     train_images: int
+    root: Path | None = None
 
 
 def prepare(config: Any, workspace: Any) -> Prepared:
