@@ -133,7 +133,10 @@ class GraphedStep:
         replays, eager = self.replays - self._taken[0], self.eager_calls - self._taken[1]
         self._taken = (self.replays, self.eager_calls)
         mode = EAGER if not self.enabled else PARTLY_EAGER if self.fell_back else CAPTURED
-        return StepModes(mode, replays, eager, self.shapes(), self.reason, self.fell_back)
+        reason = self.reason
+        if mode == CAPTURED and not self.captured:  # a short run: every step was a warm-up
+            mode, reason = EAGER, f"warm-up: each shape is captured after {self.warmup} eager steps"
+        return StepModes(mode, replays, eager, self.shapes(), reason, self.fell_back)
 
     def shapes(self) -> tuple[str, ...]:
         """The captured graphs' input shapes, each as the inputs that tell the graphs apart

@@ -32,8 +32,9 @@ class StepModes:
         shapes: the input shapes of the graphs captured so far (``tokens 128x16``: the inputs
             whose shape tells the graphs apart).
         reason: why steps run eagerly: ``no CUDA``, ``train.cuda_graphs=false``, ``float16 with
-            loss scaling``, or a fallback's cause (a failed capture's error, too many shapes);
-            empty when every step is captured.
+            loss scaling``, ``warm-up: ...`` (no shape has had its eager warm-up steps yet: a
+            run of a few steps), or a fallback's cause (a failed capture's error, too many
+            shapes); empty when every step is captured.
         fell_back: the steps were to be captured and some are not (a failed capture, too many
             shapes): the run is slower than its configuration promised.
     """
