@@ -15,7 +15,7 @@ import icr.train
 from icr.config import ExperimentConfig, to_flat, used_keys
 from icr.train.seam import EpochReport
 from studies.plan import StudyPlan
-from studies.tables import record_table
+from studies.tables import protocol_tables, record_table
 
 
 def run_debug(
@@ -42,7 +42,7 @@ def run_debug(
     result = fit(config, reporter, None, workspace=plan.workspace, run_dir=run_dir, progress=True)
     if history:
         name = condition or plan.study.debug_condition or plan.conditions[-1].name
-        for table in plan.study.tables:
+        for table in protocol_tables(plan.study.tables, history[-1]):  # COCO: 1K tables too
             if table.rows is None or name in table.rows:  # the tables that show this condition
                 say(record_table(history[-1], table))
         say(f"best validation {plan.study.metric.removeprefix('val_')} at epoch {result.best_epoch}")

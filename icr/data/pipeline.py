@@ -98,7 +98,10 @@ def image_inputs(
     folder = Path(config.data.precomp_dir) if config.data.precomp_dir else source.regions_dir
     if folder is None:
         raise ConfigError("data.features=regions needs data.precomp_dir=<SCAN/BUTD folder>")
-    return region_features(precomp.load_precomp(folder, split.split), split, config.data.image_size)
+    files = (source.region_splits if folder == source.regions_dir
+             else precomp.choose_splits(folder, config.data.splits))  # SCAN's dev, testall
+    return region_features(precomp.load_precomp(folder, files[split.split]), split,
+                           config.data.image_size)
 
 
 def region_features(regions: precomp.PrecompSplit, split: CaptionedImages, image_size: int

@@ -114,6 +114,7 @@ def _load_split(source: DatasetSource, split: str, max_regions: int | None,
                         "features beside the dataset; use data.dataset=shapes, or give "
                         "data.precomp_dir and data.entities_dir")
     return load_grounding(source.regions_dir, source.entities_dir, split,
+                          features_split=source.region_splits.get(split, split),
                           max_regions=max_regions, max_words=max_words)
 
 
@@ -414,7 +415,8 @@ def prepare_grounding(config: Any, workspace: Any) -> Prepared:
         digest.update("\n".join(data.splits[split].captions).encode())
     train = data.splits["train"]
     root = data.source.root if data.source is not None else None
-    return Prepared(digest.hexdigest()[:16], train.num_captions, train.num_images, root)
+    notes = data.source.notes if data.source is not None else ()
+    return Prepared(digest.hexdigest()[:16], train.num_captions, train.num_images, root, notes)
 
 
 def fits_grounding(config: Any, data: Prepared) -> None:

@@ -30,7 +30,9 @@ from icr.metrics.retrieval import retrieval_metrics
 
 __all__ = [
     "COCO_TEST_IMAGES",
+    "FOLDS",
     "FOLD_PREFIX",
+    "FOLD_SIZE",
     "PROTOCOLS",
     "evaluate_protocol",
     "evaluate_protocols",
@@ -40,7 +42,8 @@ __all__ = [
 
 PROTOCOLS = ("full", "coco_5fold_1k")
 COCO_TEST_IMAGES = 5000  # images of the COCO Karpathy test split
-FOLD_SIZE = 1000
+FOLDS = 5  # COCO 1K: the 5,000 test images in 5 folds
+FOLD_SIZE = 1000  # images per fold on COCO (a scaled-down fixture: a fifth of its test split)
 FOLD_PREFIX = "1k_"
 
 Similarities = Tensor | tuple[Tensor, Tensor]
