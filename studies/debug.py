@@ -14,6 +14,7 @@ from typing import Any
 import icr.train
 from icr.config import ExperimentConfig, to_flat, used_keys
 from icr.train.seam import EpochReport
+from icr.train.tasks import check_data
 from studies.plan import StudyPlan
 from studies.tables import protocol_tables, record_table
 
@@ -57,3 +58,5 @@ def _describe(plan: StudyPlan, config: ExperimentConfig, say: Callable[[str], No
     changed = {k: flat[k] for k in used_keys(config) if flat[k] != default[k]}
     say(f"debug: study {plan.key}, one trial in-process, {config.epochs} epochs")
     say("  " + " ".join(f"{k}={v}" for k, v in sorted(changed.items())))
+    for line in check_data(config, plan.workspace):  # which files serve each split, protocols
+        say(f"  {line}")

@@ -4,9 +4,14 @@ renaming, every choice stated, COCO's test reported as 5K and as the mean of fiv
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import types
+from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from published import write_scan_coco, write_scan_f30k
@@ -19,6 +24,9 @@ from icr.errors import ConfigError, DataError
 from icr.metrics.retrieval import retrieval_metrics
 from icr.train.evaluation import split_metrics
 from icr.train.retrieval_data import check_data
+from studies.run import main
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def precomp_config(folder, **extra):
@@ -214,3 +222,54 @@ def test_full_protocol_is_unchanged():
     img, cap = torch.randn(6, 4, generator=gen), torch.randn(30, 4, generator=gen)
     got = split_metrics((img, cap), _prepared(caption_image, ("full",), 1000), "test")
     assert got == pytest.approx(retrieval_metrics(img @ cap.T, torch.as_tensor(caption_image)))
+
+
+# -- the command line on a published folder, without renaming -----------------------------------
+
+
+def run_cli(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "MLFLOW_DISABLE_TELEMETRY": "true"}
+    return subprocess.run([sys.executable, "-m", "studies.run", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def data_flags(folder: Path) -> list[str]:
+    return ["--set", "data.dataset=precomp", f"data.precomp_dir={folder}"]
+
+
+def test_plan_checks_the_folder_and_refuses_a_broken_one(coco, tmp_path, capsys):
+    assert main(["ltd_bound", "--plan", "--workspace", str(tmp_path), *data_flags(coco)]) == 0
+    out = capsys.readouterr().out
+    assert f"needs data.precomp_dir={coco}: present and checked" in out
+    assert "val from dev_*" in out and "test from testall_*" in out
+    broken = write_scan_coco(tmp_path / "broken", fold_images=2, train=12, dev=4)
+    (broken / "testall_ids.txt").write_text("1\n2\n", encoding="utf-8")
+    assert main(["ltd_bound", "--plan", "--workspace", str(tmp_path), *data_flags(broken)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "testall_ids.txt has 2 ids" in err
+
+
+def test_debug_trains_two_steps_on_a_scan_folder(coco, tmp_path, capsys):
+    code = main(["ltd_bound", "--debug", "--condition", "contrastive", "--workspace",
+                 str(tmp_path), *data_flags(coco), "train.warmup_epochs=1",
+                 "train.finetune_epochs=0", "train.max_steps_per_epoch=2", "train.batch_size=16"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "val from dev_*" in out and "5 folds of 4 images" in out and "epoch 1/1" in out
+    folds = out.split("(1K).**")[1]  # the 5-fold table of --debug: its test row only
+    assert "| test |" in folds.split("best validation")[0] and "| val |" not in folds
+
+
+@pytest.mark.slow
+def test_a_coco_layout_study_reports_5k_and_1k(coco, tmp_path):
+    result = run_cli("ltd_bound", "--smoke", "--budget", "1", "--seeds", "2", "--no-dashboard",
+                     "--workspace", str(tmp_path), *data_flags(coco), "train.batch_size=16",
+                     timeout=1500)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "test from testall_* (20 images)" in result.stdout
+    report = tmp_path / "reports" / "ltd_bound-smoke"
+    folds = (report / "table1_1k.md").read_text(encoding="utf-8")
+    assert "5 folds of 4 images" in folds and "BL, L_con" in folds
+    trials = pd.read_csv(report / "trials.csv")
+    confirm = trials[trials["phase"] == "confirm"]
+    assert confirm["test_1k_rsum"].notna().all() and (confirm["test_1k_fold_images"] == 4).all()
