@@ -17,8 +17,9 @@ import torch
 from published import write_scan_coco, write_scan_f30k
 
 from icr.config import from_flat
-from icr.data import precomp
+from icr.data import karpathy, precomp
 from icr.data.datasets import load_source, reporting_protocols
+from icr.data.pipeline import image_inputs
 from icr.data.types import CaptionedImages
 from icr.errors import ConfigError, DataError
 from icr.metrics.retrieval import retrieval_metrics
@@ -27,6 +28,7 @@ from icr.train.retrieval_data import check_data
 from studies.run import main
 
 ROOT = Path(__file__).resolve().parent.parent
+CXC = Path(__file__).resolve().parent / "fixtures" / "cxc"  # real CxC rows (README: source, licence)
 
 
 def precomp_config(folder, **extra):
@@ -273,3 +275,35 @@ def test_a_coco_layout_study_reports_5k_and_1k(coco, tmp_path):
     trials = pd.read_csv(report / "trials.csv")
     confirm = trials[trials["phase"] == "confirm"]
     assert confirm["test_1k_rsum"].notna().all() and (confirm["test_1k_fold_images"] == 4).all()
+
+
+# -- Karpathy JSON with SCAN's regions, CxC --------------------------------------------------------
+
+
+def test_karpathy_json_reads_scan_regions_by_cocoid(coco, tmp_path, workspace):
+    """SCAN's ids files list COCO's cocoid (Flickr30K's imgid), not file names."""
+    images = []
+    for split, file_split in (("train", "train"), ("val", "dev"), ("test", "testall")):
+        ids = (coco / f"{file_split}_ids.txt").read_text(encoding="utf-8").split()
+        captions = (coco / f"{file_split}_caps.txt").read_text(encoding="utf-8").splitlines()
+        for n, cocoid in enumerate(ids):
+            images.append({"split": split, "filename": f"COCO_val2014_{int(cocoid):012d}.jpg",
+                           "filepath": "val2014", "cocoid": int(cocoid),
+                           "sentences": captions[5 * n:5 * n + 5]})
+    karpathy.write_karpathy_json(tmp_path / "dataset_coco.json", "coco", images)
+    config = from_flat({"data.dataset": "karpathy", "data.karpathy_json": str(tmp_path / "dataset_coco.json"),
+                        "data.precomp_dir": str(coco), "data.features": "regions",
+                        "image.encoder": "regions"})
+    assert any("val dev_ims.npy" in line for line in check_data(config, workspace))
+    source = load_source(config, workspace)
+    test = source.splits["test"]
+    regions = image_inputs(config, source, test, workspace.cache)
+    assert len(regions) == test.num_images == 20
+
+
+def test_cxc_on_a_precomputed_folder_is_refused(coco, workspace):
+    """A precomputed split's captions are line numbers: no CxC sentid maps onto them, which
+    would otherwise leave every cxc_ metric equal to the plain one without a word."""
+    config = precomp_config(coco, **{"data.cxc_test": str(CXC / "sits_test.head.csv")})
+    with pytest.raises(DataError, match="none of its .* pairs"):
+        check_data(config, workspace)
