@@ -247,7 +247,8 @@ def describe(plan: StudyPlan, costs: list[ConditionCost], gpus: int | None = Non
             yield f"  searched {domain.key}: {domain.describe()}"
         yield "  " + " ".join(f"{k}={v}" for k, v in sorted(changed.items()))
         for need in cost.needs:
-            checked = " and checked" if need.present and cost.data is not None else ""
+            checked = (" and checked" if need.present and cost.data is not None
+                       and need.key.startswith("data.") else "")
             yield (f"  needs {need.key}={need.path}: "
                    f"{'present' + checked if need.present else 'MISSING'}")
         if cost.data is not None and cost.data != shown:

@@ -68,3 +68,10 @@ def write_scan_f30k(folder: Path, *, train: int = 40, dev: int = 10, test: int =
     write_split(folder, "dev", list(range(train, train + dev)), rng, dims)
     write_split(folder, "test", list(range(train + dev, train + dev + test)), rng, dims)
     return folder
+
+
+if __name__ == "__main__":  # python tests/published.py OUT: both folders, to try a study on
+    import sys
+
+    out = Path(sys.argv[1])
+    print(write_scan_coco(out / "coco_precomp"), write_scan_f30k(out / "f30k_precomp"))

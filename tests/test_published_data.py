@@ -17,7 +17,7 @@ import torch
 from published import write_scan_coco, write_scan_f30k
 
 from icr.config import from_flat
-from icr.data import karpathy, precomp
+from icr.data import entities, karpathy, precomp
 from icr.data.datasets import load_source, reporting_protocols
 from icr.data.pipeline import image_inputs
 from icr.data.types import CaptionedImages
@@ -25,6 +25,7 @@ from icr.errors import ConfigError, DataError
 from icr.metrics.retrieval import retrieval_metrics
 from icr.train.evaluation import split_metrics
 from icr.train.retrieval_data import check_data
+from icr.train.tasks import check_data as check_task_data
 from studies.run import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -307,3 +308,34 @@ def test_cxc_on_a_precomputed_folder_is_refused(coco, workspace):
     config = precomp_config(coco, **{"data.cxc_test": str(CXC / "sits_test.head.csv")})
     with pytest.raises(DataError, match="none of its .* pairs"):
         check_data(config, workspace)
+
+
+def _entities_download(root: Path) -> tuple[Path, Path]:
+    """A Flickr30K Entities folder as unzipped (``Annotations/``, ``Sentences/``, split lists)
+    and BUTD regions with boxes of its images (``dev`` for validation), ids = image ids."""
+    ents, regions = root / "flickr30k_entities", root / "f30k_entities_butd"
+    rng = np.random.default_rng(0)
+    for split, names in (("train", ["11", "12"]), ("val", ["21"]), ("test", ["31"])):
+        for name in names:
+            lines = [f"[/EN#{k + 1}/people A man] runs near [/EN#0/notvisual someone] ."
+                     for k in range(5)]
+            entities.write_sentences(ents / "Sentences" / f"{name}.txt",
+                                     [entities.parse_sentence_line(x) for x in lines])
+            entities.write_annotation(ents / "Annotations" / f"{name}.xml", entities.EntityAnnotation(
+                100, 80, 3, {k + 1: [(10, 10, 40, 50)] for k in range(5)}))
+        entities.write_split_ids(ents / f"{split}.txt", names)
+        boxes = np.tile(np.array([0, 0, 50, 40], dtype=np.float32), (len(names), 3, 1))
+        precomp.write_precomp(regions, "dev" if split == "val" else split,
+                              rng.standard_normal((len(names), 3, 8)), boxes,
+                              ["a man runs near someone ."] * 5 * len(names), names)
+    return ents, regions
+
+
+def test_grounding_plan_checks_entities_and_boxes(tmp_path, workspace):
+    ents, regions = _entities_download(tmp_path)
+    config = from_flat({"task.name": "grounding", "data.dataset": "precomp",
+                        "data.precomp_dir": str(regions), "data.entities_dir": str(ents)})
+    assert any("val from dev_*" in line for line in check_task_data(config, workspace))
+    (regions / "dev_boxes.npy").unlink()
+    with pytest.raises(DataError, match="dev_boxes.npy"):
+        check_task_data(config, workspace)

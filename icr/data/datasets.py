@@ -257,7 +257,7 @@ def reporting_protocols(splits: dict[str, CaptionedImages], test_file: str, coco
             f"data: {where}, but the other splits are COCO's: COCO's 5K and 5-fold 1K protocols "
             f"cannot be given without its {COCO_TEST_IMAGES:,} test images (SCAN's coco_precomp "
             "ships them as testall_*); reported in full only")
-    return ("full",), FOLD_SIZE, f"data: {where}: reported in full (Flickr30K's 1K protocol)"
+    return ("full",), FOLD_SIZE, f"data: {where}: reported in full, as Flickr30K's 1K test is"
 
 
 def load_source(config: ExperimentConfig, workspace: Workspace) -> DatasetSource:
