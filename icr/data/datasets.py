@@ -22,8 +22,6 @@ from icr.context import Capability, ImageFiles, Scenes
 from icr.data import karpathy, precomp
 from icr.data.types import CaptionedImages
 from icr.errors import ConfigError
-from icr.metrics.protocols import COCO_TEST_IMAGES, FOLD_SIZE, FOLDS
-from icr.metrics.protocols import PROTOCOLS as PROTOCOLS_5K
 from icr.registry import Registry
 from icr.workspace import Workspace
 
@@ -33,6 +31,10 @@ if TYPE_CHECKING:
 SPLITS = precomp.ROLES  # what a run reads, in evaluation order, whatever the files call them
 # Karpathy's COCO sizes: a folder whose validation or training split is this large is COCO's
 COCO_VAL_IMAGES, COCO_TRAIN_IMAGES = 5000, 100_000
+# COCO's test as papers report it (icr.metrics.protocols evaluates the protocols by these names):
+# its 5,000 images in full (5K) and as the mean over 5 folds of 1,000 (1K)
+COCO_TEST_IMAGES, FOLDS, FOLD_SIZE = 5000, 5, 1000
+PROTOCOLS_5K = ("full", "coco_5fold_1k")
 
 DATASETS: Registry = Registry("dataset", section=DataConfig, package="icr.data")
 
@@ -149,11 +151,12 @@ def _karpathy_json_size(data: DataConfig, workspace: Workspace) -> tuple[int, in
 
 @DATASETS.register("karpathy", train_size=_karpathy_json_size)
 def karpathy_json(
-    *, karpathy_json: str, image_root: str, precomp_dir: str, splits: str, entities_dir: str,
-    workspace: Workspace,
+    *, karpathy_json: str, image_root: str, features: str, precomp_dir: str, splits: str,
+    entities_dir: str, workspace: Workspace,
 ) -> DatasetSource:
     """A Karpathy split JSON (COCO, Flickr30k) with its image folder (and optional regions: a
-    SCAN/BUTD folder, its splits chosen as for ``data.dataset=precomp``)."""
+    SCAN/BUTD folder, its splits chosen as for ``data.dataset=precomp`` when the image encoder
+    reads them, ``data.features=regions``)."""
     if not karpathy_json:
         raise ConfigError("data.dataset=karpathy needs data.karpathy_json=<path to the split JSON>")
     path = Path(karpathy_json)
@@ -165,9 +168,9 @@ def karpathy_json(
     notes = [f"data: {path.name}: {sizes} (restval in train)"]
     protocols, fold_size, note = reporting_protocols(loaded, "test", coco_like(loaded))
     notes.append(note)
-    regions, region_splits = None, {s: s for s in SPLITS}
-    if precomp_dir:
-        regions = Path(precomp_dir)
+    regions = Path(precomp_dir) if precomp_dir else None
+    region_splits = {s: s for s in SPLITS}
+    if regions is not None and features == "regions":
         region_splits = precomp.choose_splits(regions, splits)
         notes.append(f"data: region features from {regions}: "
                      + ", ".join(f"{s} {region_splits[s]}_ims.npy" for s in SPLITS))
@@ -179,8 +182,10 @@ def karpathy_json(
 
 
 def _precomp_size(data: DataConfig, workspace: Workspace) -> tuple[int, int] | None:
-    """Counted from ``train_caps.txt``: SCAN's precomputed folders hold 5 captions an image."""
-    caps = Path(data.precomp_dir) / "train_caps.txt"
+    """Counted from ``train_caps.txt`` (or the file ``data.splits`` names): SCAN's precomputed
+    folders hold 5 captions an image."""
+    train = precomp.parse_splits(data.splits).get("train", "train")
+    caps = Path(data.precomp_dir) / f"{train}_caps.txt"
     if not data.precomp_dir or not caps.is_file():
         return None
     with caps.open(encoding="utf-8") as f:

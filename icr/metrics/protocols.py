@@ -34,8 +34,6 @@ from torch import Tensor
 from icr.metrics.retrieval import retrieval_metrics
 
 __all__ = [
-    "COCO_TEST_IMAGES",
-    "FOLDS",
     "FOLD_PREFIX",
     "FOLD_SIZE",
     "PROTOCOLS",
@@ -45,8 +43,6 @@ __all__ = [
 ]
 
 PROTOCOLS = ("full", "coco_5fold_1k")
-COCO_TEST_IMAGES = 5000  # images of the COCO Karpathy test split
-FOLDS = 5  # COCO 1K: the 5,000 test images in 5 folds
 FOLD_SIZE = 1000  # images per fold on COCO (a scaled-down fixture: a fifth of its test split)
 FOLD_PREFIX = "1k_"
 
