@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from collections.abc import Mapping
@@ -47,6 +48,7 @@ def _field(
     low: float | None = None,
     high: float | None = None,
     path: tuple[str, ...] | None = None,
+    form: tuple[str, str] | None = None,
 ) -> Any:
     """A config field: its default, help line and domain.
 
@@ -55,12 +57,17 @@ def _field(
     of them ('' = none). ``low`` and ``high`` bound a number; a number's domain never reaches
     past what its tensor's dtype holds (``_HOLDS``), bounds given or not. ``path`` marks a local file or folder: the value must exist unless it is
     '' or one of the names listed (e.g. a bundled model), which :func:`check_paths` verifies on
-    the driver before anything starts.
+    the driver before anything starts. ``form`` (a regular expression the whole value must
+    match, and how to say it) constrains a structured string.
     """
     meta = {"help": help, "choices": choices, "registry": registry, "many": many, "low": low,
-            "high": high, "path": path}
+            "high": high, "path": path, "form": form}
     return dataclasses.field(default=default, metadata=meta)
 
+
+# data.splits: "auto", or comma-separated role=name pairs naming the {name}_ims.npy files
+SPLITS_FORM = (r"auto|(?:(?:train|val|test)=[\w.-]+)(?:,(?:train|val|test)=[\w.-]+)*",
+               "auto, or comma-separated role=name pairs, role train, val or test (val=dev,test=test)")
 
 _REG = {
     "task": "icr.train.tasks:TASKS",
@@ -103,6 +110,9 @@ class DataConfig:
     image_root: str = _field("", "image folder of the Karpathy JSON (dataset=karpathy)", path=())
     precomp_dir: str = _field("", "SCAN/BUTD folder with {split}_ims.npy ('' = the benchmark's own)",
                               path=())
+    splits: str = _field(
+        "auto", "precomp file splits per role: auto (train; dev, else val; testall, else test) or "
+        "role=name pairs, e.g. val=dev,test=test", form=SPLITS_FORM)
     entities_dir: str = _field("", "Flickr30K Entities folder (Sentences/, Annotations/, "
                                "{split}.txt) for grounding on karpathy or precomp data", path=())
     cxc_val: str = _field("", "CxC sits CSV for validation ('' = the benchmark's own, if any)",
@@ -338,6 +348,7 @@ class KeySpec:
     low: float | None
     high: float | None
     path: tuple[str, ...] | None  # a local file or folder, unless '' or one of these names
+    form: tuple[str, str] | None = None  # (regular expression, how to say it) of a string
 
     @property
     def choices(self) -> tuple[Scalar, ...] | None:
@@ -350,6 +361,8 @@ class KeySpec:
         if self.choices is not None:
             text = "one of " + ", ".join(map(str, self.choices))
             return f"a comma-separated list of {text[7:]} ('' = none)" if self.many else text
+        if self.form is not None:
+            return self.form[1]
         kind = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
         text = kind[self.type]
         if self.low is not None and self.high is not None:
@@ -388,7 +401,7 @@ def key_specs(cls: type = ExperimentConfig) -> dict[str, KeySpec]:
                 high = most if high is None else min(high, most)
             specs[key] = KeySpec(
                 key, kind, f.default, meta["help"], meta["choices"], meta["registry"],
-                meta["many"], low, high, meta["path"],
+                meta["many"], low, high, meta["path"], meta["form"],
             )
     return specs
 
@@ -439,6 +452,8 @@ def parse_value(key: str, raw: Any) -> Scalar:
             raise ConfigError(f"{key}={raw!r} is not allowed; {key} is {spec.describe()}")
         if spec.many:
             value = ",".join(items)
+    if spec.form is not None and not re.fullmatch(spec.form[0], str(value)):
+        raise ConfigError(f"{key}={raw!r} is invalid; {key} is {spec.describe()}")
     numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
     too_low = numeric and spec.low is not None and value < spec.low
     too_high = numeric and spec.high is not None and value > spec.high

@@ -14,8 +14,9 @@ from typing import Any
 import icr.train
 from icr.config import ExperimentConfig, to_flat, used_keys
 from icr.train.seam import EpochReport
+from icr.train.tasks import check_data
 from studies.plan import StudyPlan
-from studies.tables import record_table
+from studies.tables import protocol_tables, record_table
 
 
 def run_debug(
@@ -42,7 +43,7 @@ def run_debug(
     result = fit(config, reporter, None, workspace=plan.workspace, run_dir=run_dir, progress=True)
     if history:
         name = condition or plan.study.debug_condition or plan.conditions[-1].name
-        for table in plan.study.tables:
+        for table in protocol_tables(plan.study.tables, history[-1]):  # COCO: 1K tables too
             if table.rows is None or name in table.rows:  # the tables that show this condition
                 say(record_table(history[-1], table))
         say(f"best validation {plan.study.metric.removeprefix('val_')} at epoch {result.best_epoch}")
@@ -57,3 +58,5 @@ def _describe(plan: StudyPlan, config: ExperimentConfig, say: Callable[[str], No
     changed = {k: flat[k] for k in used_keys(config) if flat[k] != default[k]}
     say(f"debug: study {plan.key}, one trial in-process, {config.epochs} epochs")
     say("  " + " ".join(f"{k}={v}" for k, v in sorted(changed.items())))
+    for line in check_data(config, plan.workspace):  # which files serve each split, protocols
+        say(f"  {line}")

@@ -38,8 +38,9 @@ def evaluate_members(checkpoints: Sequence[str], workspace: str) -> dict[str, fl
     matrices averaged), each read through Tune's ``Checkpoint`` (a remote one is downloaded)."""
     import torch  # lazy: keeps torch off python -m studies.report (this runs in a Ray task)
 
-    from icr.ensemble import evaluate_ensemble  # lazy: keeps torch off python -m studies.report
+    from icr.ensemble import average_similarity  # lazy: keeps torch off python -m studies.report
     from icr.train import load_run  # lazy: keeps torch off python -m studies.report
+    from icr.train.evaluation import split_metrics  # lazy: keeps torch off studies.report
 
     root = Workspace.resolve(workspace)
     embeddings, task = [], None
@@ -49,13 +50,7 @@ def evaluate_members(checkpoints: Sequence[str], workspace: str) -> dict[str, fl
             task = load_run(Path(folder), workspace=root)
             with torch.no_grad():
                 embeddings.append(task.embed_split("test"))
-    data = task.data
-    assets = data.eval_assets["test"]
-    return evaluate_ensemble(
-        embeddings, torch.as_tensor(data.splits["test"].caption_image),
-        relevance=assets.relevance, extended_i2t=assets.extended_i2t,
-        extended_t2i=assets.extended_t2i,
-    )
+    return split_metrics(average_similarity(embeddings), task.data, "test")  # COCO: 5K and 1K
 
 
 def ray_evaluator(storage: str, gpus: int) -> Evaluator:

@@ -92,6 +92,8 @@ class ConditionCost:
     eval_s: float | None = None  # an epoch's validation and its costs beyond its steps, measured
     # the papers' datasets when the files are absent: (name, training captions, steps per epoch)
     reference_steps: tuple[tuple[str, int, int], ...] = ()
+    # its data checked file by file: what preparation will choose; None: not checked (absent)
+    data: tuple[str, ...] | None = None
 
     @property
     def trial_epochs(self) -> float:
@@ -128,6 +130,7 @@ def needs(config: ExperimentConfig) -> tuple[Need, ...]:
 
 def plan_costs(plan: StudyPlan) -> list[ConditionCost]:
     study = plan.study
+    data = plan.check_data()  # every file the runs read, checked by icr (DataError: exit 2)
     out = []
     for condition in plan.conditions:
         config = condition.config
@@ -145,7 +148,7 @@ def plan_costs(plan: StudyPlan) -> list[ConditionCost]:
         out.append(ConditionCost(
             condition.name, trials, per_trial, len(plan.seeds), epochs,
             config.train.warmup_epochs, steps, None if sizes is None else sizes[0], needs(config),
-            reference_steps=references))
+            reference_steps=references, data=data.get(condition.name)))
     return out
 
 
@@ -225,6 +228,7 @@ def describe(plan: StudyPlan, costs: list[ConditionCost], gpus: int | None = Non
     for missing in plan.missing():
         yield f"  missing: {missing}"
     default = to_flat(ExperimentConfig())
+    shown: tuple[str, ...] | None = None  # the data lines, printed once while they repeat
     for condition, cost in zip(plan.conditions, costs, strict=True):
         flat = to_flat(condition.config)
         changed = {k: flat[k] for k in used_keys(condition.config) if flat[k] != default[k]}
@@ -243,7 +247,13 @@ def describe(plan: StudyPlan, costs: list[ConditionCost], gpus: int | None = Non
             yield f"  searched {domain.key}: {domain.describe()}"
         yield "  " + " ".join(f"{k}={v}" for k, v in sorted(changed.items()))
         for need in cost.needs:
-            yield f"  needs {need.key}={need.path}: {'present' if need.present else 'MISSING'}"
+            checked = (" and checked" if need.present and cost.data is not None
+                       and need.key.startswith("data.") else "")
+            yield (f"  needs {need.key}={need.path}: "
+                   f"{'present' + checked if need.present else 'MISSING'}")
+        if cost.data is not None and cost.data != shown:
+            yield from (f"  {line}" for line in cost.data)
+            shown = cost.data
         if cost.epoch_s is not None:
             phases = ", ".join(f"{p} {s * 1000:.0f} ms" for p, s in cost.step_s.items())
             yield (f"  calibrated: {phases} a step, {cost.eval_s:.1f} s an epoch beyond its steps "

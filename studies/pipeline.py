@@ -104,6 +104,8 @@ def prepare_data(plan: StudyPlan, backend: Backend, say: Callable[[str], None]) 
         if key not in done:
             say(f"preparing data for {condition.name} ...")
             done[key] = backend.prepare(condition.config, plan.workspace)
+            for note in done[key].notes:  # which files serve each split, the test's protocols
+                say(f"  {note}")
             say(f"  data fingerprint {done[key].fingerprint}")
         check_against_data(plan, condition, done[key])
         prints[condition.name] = done[key].fingerprint

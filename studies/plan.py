@@ -28,6 +28,7 @@ from icr.config import (
     Scalar,
     check_paths,
     from_flat,
+    key_specs,
     parse_value,
     to_flat,
     used_keys,
@@ -35,6 +36,7 @@ from icr.config import (
 from icr.errors import ConfigError, UserError
 from icr.train.analyses import check_analyses
 from icr.train.tasks import check as check_task
+from icr.train.tasks import check_data as check_task_data
 from icr.workspace import Workspace
 from studies.catalog import Recipe, Study, space_path
 from studies.space import Domain, grid_size, load_space
@@ -210,6 +212,28 @@ class StudyPlan:
             raise UserError(missing[0])
         return plan
 
+    def check_data(self) -> dict[str, tuple[str, ...]]:
+        """Per condition, every file its runs will read checked by icr
+        (:func:`icr.train.tasks.check_data`: names, shapes, dtypes, counts that agree, ids), and
+        what preparation will choose (which files serve validation and test, the test's
+        protocols); a condition whose data is that of an earlier one is checked once. A problem
+        raises a one-line DataError naming the file and the fix. Conditions that lack what the
+        recipe needs (:meth:`missing`) or name a local path that does not exist are skipped:
+        ``--plan`` lists those instead."""
+        if self.missing():
+            return {}
+        out: dict[str, tuple[str, ...]] = {}
+        seen: dict[tuple, tuple[str, ...]] = {}
+        for c in self.conditions:
+            flat = to_flat(c.config)
+            key = tuple((k, flat[k]) for k in used_keys(c.config) if k.startswith(DATA_KEYS))
+            if any(_absent(c.config, k) for k, _ in key):
+                continue
+            if key not in seen:
+                seen[key] = check_task_data(c.config, self.workspace)
+            out[c.name] = seen[key]
+        return out
+
     def debug_config(self, condition: str | None) -> ExperimentConfig:
         """The config ``--debug`` trains: a condition's overrides, searched keys at a midpoint.
 
@@ -219,6 +243,16 @@ class StudyPlan:
         values = {k: d.midpoint() for k, d in plan.domains.items()}
         test = {} if "eval.test" in self.overrides else {"eval.test": True}
         return from_flat({**test, **values}, plan.config)
+
+
+DATA_KEYS = ("task.", "data.")  # the keys that decide which files a run reads
+
+
+def _absent(config: ExperimentConfig, key: str) -> bool:
+    """``key`` names a local path that does not exist (``--plan`` says MISSING)."""
+    spec, value = key_specs()[key], to_flat(config)[key]
+    return (spec.path is not None and value != "" and value not in spec.path
+            and not _local(value))
 
 
 def _local(value: Any) -> bool:

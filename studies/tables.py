@@ -40,7 +40,7 @@ from __future__ import annotations
 import itertools
 import math
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -534,6 +534,52 @@ _LATEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"
 def latex_escape(text: str) -> str:
     """Plain text (labels, headers, legend) as LaTeX: specials escaped, ±, † and – as macros."""
     return "".join(_LATEX.get(ch, ch) for ch in text)
+
+
+# -- protocols: COCO's 5-fold 1K beside its 5K -----------------------------------------------
+
+FOLDS_PREFIX = "test_1k_"  # the test metrics of the 5-fold protocol (icr.metrics.protocols)
+FOLD_IMAGES = "test_1k_fold_images"  # the images a fold held: 1,000 on COCO
+
+
+def fold_table(table: Table, keys: Iterable[str], fold_images: float | None = None
+               ) -> Table | None:
+    """The table over the 5-fold 1K protocol: each ``test_`` column read from its ``test_1k_``
+    metric, when ``keys`` (the runs' metrics) hold it; None when they hold none (a dataset
+    reported in full only: Flickr30K, the embedded benchmark). ``fold_images`` goes in the
+    caption (1,000 on COCO; a scaled-down fixture's folds are smaller, and it says so)."""
+    keys = set(keys)
+    columns = tuple(replace(c, key=FOLDS_PREFIX + c.key[len("test_"):]) for c in table.columns
+                    if c.key.startswith("test_") and FOLDS_PREFIX + c.key[len("test_"):] in keys)
+    if not columns:
+        return None
+    size = "" if fold_images is None or math.isnan(fold_images) else f" of {fold_images:,.0f} images"
+    scaled = ("" if fold_images in (None, 1000.0) else
+              "; folds smaller than COCO's 1,000 images: not comparable with published 1K numbers")
+    caption = (f"COCO 1K: the test split in 5 folds{size}, each metric the mean over the folds"
+               f"{scaled}; " + table.caption).rstrip("; ")
+    return replace(table, name=f"{table.name}_1k", title=f"{table.title} (1K)", columns=columns,
+                   caption=caption, references=())
+
+
+def protocol_tables(tables: Sequence[Table], frame: pd.DataFrame | Mapping[str, float]
+                    ) -> tuple[Table, ...]:
+    """The declared tables, each followed by its 5-fold 1K table (:func:`fold_table`) when the
+    runs (a frame of runs, or one run's metrics) carry its ``test_1k_`` metrics: on COCO every
+    study's report holds its 5K and its 1K tables, with nothing declared twice."""
+    if isinstance(frame, pd.DataFrame):
+        keys = list(frame.columns)
+        sizes = frame[FOLD_IMAGES].dropna() if FOLD_IMAGES in frame else pd.Series(dtype=float)
+        fold_images = float(sizes.iloc[0]) if sizes.nunique() == 1 else None
+    else:
+        keys, fold_images = list(frame), frame.get(FOLD_IMAGES)
+    out: list[Table] = []
+    for table in tables:
+        out.append(table)
+        folds = fold_table(table, keys, fold_images)
+        if folds is not None:
+            out.append(folds)
+    return tuple(out)
 
 
 # -- one run: --debug ---------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Evaluation protocols: the full set, the k-fold protocol against folds built by hand (captions
-shuffled, relevance and CxC positives sliced), embeddings in place of similarities, which
-protocols a dataset gets."""
+shuffled, relevance and CxC positives sliced), embeddings in place of similarities (which
+protocols a dataset gets: ``tests/test_published_data.py``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from icr.metrics.protocols import (
     evaluate_protocol,
     evaluate_protocols,
     fold_metrics,
-    protocols_for,
 )
 from icr.metrics.retrieval import retrieval_metrics
 
@@ -114,18 +113,3 @@ def test_bad_protocol_or_fold_size_raises(split):
         evaluate_protocol(img @ cap.T, caption_image, "5k")
     with pytest.raises(ValueError, match="folds of 3"):
         evaluate_protocol(img @ cap.T, caption_image, "coco_5fold_1k", fold_size=3)
-
-
-@pytest.mark.parametrize(
-    ("num_images", "dataset", "expected"),
-    [
-        (5000, "coco", ("full", "coco_5fold_1k")),
-        (5000, "", ("full", "coco_5fold_1k")),
-        (5000, "MSCOCO-karpathy", ("full", "coco_5fold_1k")),
-        (1000, "coco", ("full",)),  # e.g. the COCO 1k validation cut
-        (1000, "f30k", ("full",)),
-        (5000, "shapes", ("full",)),
-    ],
-)
-def test_protocols_for(num_images, dataset, expected):
-    assert protocols_for(num_images, dataset) == expected

@@ -32,8 +32,8 @@ KARPATHY = [{"filename": f"{i}.jpg", "imgid": i,
 
 @pytest.fixture
 def files(tmp_path: Path) -> dict[str, str]:
-    """Local files standing in for the real assets a paper recipe names (the plan only checks
-    that they exist)."""
+    """Local files standing in for the real assets a paper recipe names (the plan checks that
+    they exist, and reads the split JSON and looks for its images)."""
     out = {}
     for key, name in [("data.karpathy_json", "dataset_coco.json"), ("image.weights_path", "r50.pth"),
                       ("text.glove", "glove.840B.300d.txt")]:
@@ -41,6 +41,9 @@ def files(tmp_path: Path) -> dict[str, str]:
         text = {"json": json.dumps({"images": KARPATHY}), "txt": "the " + " ".join(["0.1"] * 300) + "\n"}.get(name[-4:].lstrip("."), "x")
         path.write_text(text)
         out[key] = str(path)
+    (tmp_path / "images").mkdir()  # the JSON's image folder: --plan checks each file is there
+    for image in KARPATHY:
+        (tmp_path / "images" / image["filename"]).write_bytes(b"")
     for key in ("data.precomp_dir", "data.entities_dir", "grounding.word_model",
                 "grounding.mlm_path", "text.bert_path"):
         folder = tmp_path / key.replace(".", "_")

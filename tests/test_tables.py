@@ -23,6 +23,7 @@ from studies.tables import (
     holm,
     latex_escape,
     legend,
+    protocol_tables,
     record_table,
     summarize,
     to_latex,
@@ -430,3 +431,36 @@ def test_the_run_description_holds_the_tables_that_fit_and_names_the_others():
     assert text.startswith("x" * (limit // 2) + "\n\n")
     assert "y" not in text and "z" not in text.replace("`report/", "")
     assert text.endswith("More tables among this run's artifacts: `report/b.md`, `report/c.md`.")
+
+
+# ------------------------------------------------------------------------------ COCO 1K
+
+
+def test_protocol_tables_add_the_1k_table_only_when_runs_carry_it():
+    t = Table("table1", "Table 1", (Column("test_i2t_R_at_1", "R@1", "i2t"),
+                                    Column("test_rsum", "rsum"),
+                                    Column("lambda", "lambda", better=None, unit="")),
+              baseline="a", caption="test split")
+    runs = pd.DataFrame([{"condition": c, "test_i2t_R_at_1": v, "test_rsum": 3 * v,
+                          "test_1k_i2t_R_at_1": v + 10, "test_1k_rsum": 3 * v + 30,
+                          "test_1k_fold_images": 1000.0, "lambda": 1.0}
+                         for c, v in (("a", 40.0), ("a", 42.0), ("b", 50.0), ("b", 52.0))])
+    full, folds = protocol_tables((t,), runs)
+    assert full is t
+    assert folds.name == "table1_1k" and [c.key for c in folds.columns] == [
+        "test_1k_i2t_R_at_1", "test_1k_rsum"]  # lambda has no 1K value
+    assert "5 folds of 1,000 images" in folds.caption and "not comparable" not in folds.caption
+    rows = summarize(runs, folds, ["a", "b"])
+    assert rows[0].cells["test_1k_rsum"].mean == pytest.approx(153.0)
+    assert protocol_tables((t,), runs.drop(columns=[c for c in runs if "1k_" in c])) == (t,)
+    scaled = protocol_tables((t,), runs.assign(test_1k_fold_images=4.0))[1]
+    assert "5 folds of 4 images" in scaled.caption and "not comparable" in scaled.caption
+
+
+def test_record_table_of_the_1k_table_shows_the_test_row():
+    t = Table("t", "T", (Column("test_rsum", "rsum"),))
+    record = {"val_rsum": 100.0, "test_rsum": 90.0, "test_1k_rsum": 120.0,
+              "test_1k_fold_images": 4.0}
+    tables = protocol_tables((t,), record)
+    md = record_table(record, tables[1])
+    assert line_of(md, "test") == "| test | 120.0 |" and "| val |" not in md

@@ -142,6 +142,11 @@ def extended_positives(
         elif split.caption_image[t] != j:
             i2t[j].add(t)
             t2i[t].add(j)
+    if pairs.shape[0] and skipped == pairs.shape[0]:
+        raise DataError(f"{path}: none of its {skipped} pairs with agg_score >= {min_score:g} names "
+                        f"a caption (Karpathy sentid) and an image (COCO file name) of the "
+                        f"{split.split} split; CxC maps onto the COCO splits of a Karpathy JSON "
+                        "(data.dataset=karpathy), not onto a precomputed folder's line numbers")
     if skipped:
         logger.warning("%s: %d of %d pairs with agg_score >= %g name a caption or image outside "
                        "the %s split; skipped", path, skipped, len(pairs), min_score, split.split)

@@ -146,6 +146,7 @@ def load_karpathy(
     wanted = {"train", "restval"} if split == "train" else {split}
     image_ids: list[str] = []
     subdirs: list[str | None] = []
+    numbers: list[int | None] = []  # cocoid (COCO) or imgid: what SCAN's ids files list
     captions: list[str] = []
     caption_ids: list[int] = []
     tokens: list[tuple[str, ...]] | None = []
@@ -164,6 +165,7 @@ def load_karpathy(
         seen.add(filename)
         image_ids.append(filename)
         subdirs.append(image.get("filepath"))
+        numbers.append(image.get("cocoid", image.get("imgid")))
         for sentence in sentences:
             try:
                 captions.append(sentence["raw"])
@@ -188,4 +190,6 @@ def load_karpathy(
         image_root=Path(image_root) if image_root is not None else None,
         tokens=tuple(tokens) if tokens is not None else None,
         image_subdirs=tuple(subdirs) if has_subdirs else None,  # type: ignore[arg-type]
+        numeric_ids=(tuple(str(n) for n in numbers) if all(n is not None for n in numbers)
+                     else None),
     )

@@ -98,7 +98,10 @@ def image_inputs(
     folder = Path(config.data.precomp_dir) if config.data.precomp_dir else source.regions_dir
     if folder is None:
         raise ConfigError("data.features=regions needs data.precomp_dir=<SCAN/BUTD folder>")
-    return region_features(precomp.load_precomp(folder, split.split), split, config.data.image_size)
+    files = (source.region_splits if folder == source.regions_dir
+             else precomp.choose_splits(folder, config.data.splits))  # SCAN's dev, testall
+    return region_features(precomp.load_precomp(folder, files[split.split]), split,
+                           config.data.image_size)
 
 
 def region_features(regions: precomp.PrecompSplit, split: CaptionedImages, image_size: int
@@ -112,13 +115,17 @@ def region_features(regions: precomp.PrecompSplit, split: CaptionedImages, image
     Shapes: the images read ``(N, R, D)`` or ``(N, R, D + 4)`` float32.
     """
     row = {image_id: i for i, image_id in enumerate(regions.images.image_ids)}
-    missing = [i for i in split.image_ids if i not in row]
+    ids = split.image_ids
+    if split.numeric_ids is not None and not any(i in row for i in ids):
+        ids = split.numeric_ids  # SCAN lists COCO's cocoid and Flickr30K's imgid, not file names
+    missing = [i for i in ids if i not in row]
     if missing:
         raise DataError(
             f"{len(missing)} {split.split} images (e.g. {missing[0]}) have no row in the region "
-            "features' ids file; the ids must be the split's image file names"
+            "features' ids file; the ids must be the split's image file names, or the Karpathy "
+            "JSON's cocoid (COCO) or imgid numbers"
         )
-    order = np.array([row[i] for i in split.image_ids], dtype=np.int64)
+    order = np.array([row[i] for i in ids], dtype=np.int64)
     rows = None if np.array_equal(order, np.arange(len(regions.features))) else order
     boxes = None
     if regions.boxes is not None:

@@ -12,6 +12,12 @@ either repeated the same way or listed once). :func:`load_precomp` detects this 
 ``k``-th row; with ``mmap=True`` that is a strided view of the memory map, so nothing is copied.
 Only the first image's ``k`` rows are checked to be identical (checking all would read the file).
 
+The published folders (SCAN's ``data.zip``, read as published by VSE-infinity and the LTD code)
+name their splits ``train``, ``dev`` (validation) and ``test``, and for COCO ``testall``: COCO's
+5,000 Karpathy test images (its ``test`` holds the first 1,000 of them); the embedded benchmark
+names them ``train``, ``val`` and ``test``. :func:`choose_splits` picks, per role, the file split a
+folder holds (``data.splits`` names them explicitly).
+
 Precomputed releases carry no Karpathy ``sentid``: ``caption_ids`` are the caption line numbers
 (0-based), so CxC files, which name captions by ``sentid``, cannot be mapped onto such a split.
 The caption file is read in text mode (the VSRN reference read bytes under Python 3 and lost
@@ -31,6 +37,10 @@ from icr.data.types import CaptionedImages
 from icr.errors import DataError
 
 logger = logging.getLogger(__name__)
+
+ROLES = ("train", "val", "test")  # what a run reads, in evaluation order
+# The file splits a role is read from, the first one a folder holds: SCAN's names, then ours.
+CANDIDATES = {"train": ("train",), "val": ("dev", "val"), "test": ("testall", "test")}
 
 
 @dataclass(frozen=True)
@@ -98,6 +108,51 @@ def write_precomp(
     paths["ids"].write_text("".join(f"{i}\n" for i in ids), encoding="utf-8")
 
 
+def folder_splits(folder: str | Path) -> tuple[str, ...]:
+    """The split names a folder holds files of (``{name}_ims.npy`` or ``{name}_caps.txt``)."""
+    names = {p.name.rsplit("_", 1)[0] for pattern in ("*_ims.npy", "*_caps.txt")
+             for p in Path(folder).glob(pattern)}
+    return tuple(sorted(names))
+
+
+def parse_splits(value: str) -> dict[str, str]:
+    """``data.splits`` as ``{role: file split}``: ``auto`` is ``{}``; ``val=dev,test=test`` names
+    two (the key's form is validated with the config)."""
+    if value in ("", "auto"):
+        return {}
+    return dict(pair.split("=", 1) for pair in value.split(","))
+
+
+def choose_splits(folder: str | Path, given: str = "auto") -> dict[str, str]:
+    """The file split each role (``train``, ``val``, ``test``) is read from.
+
+    A role named in ``given`` (``data.splits``) takes that name; any other the first of
+    :data:`CANDIDATES` the folder holds: validation from ``dev`` (SCAN) else ``val``, test from
+    ``testall`` (COCO's 5,000 images) else ``test``.
+
+    Raises:
+        DataError: a role the folder holds no files of, one line naming what was looked for.
+    """
+    folder = Path(folder)
+    named, held = parse_splits(given), folder_splits(folder)
+    found = ", ".join(held) or "none"
+    out = {}
+    for role in ROLES:
+        if role in named:
+            if named[role] not in held:
+                raise DataError(f"{folder / (named[role] + '_ims.npy')}: not found (data.splits "
+                                f"names {role}={named[role]}; the folder holds splits: {found})")
+            out[role] = named[role]
+            continue
+        choice = next((name for name in CANDIDATES[role] if name in held), None)
+        if choice is None:
+            wanted = " or ".join(f"{name}_ims.npy" for name in CANDIDATES[role])
+            raise DataError(f"{folder}: no {role} split ({wanted}; the folder holds splits: "
+                            f"{found}); name its files' split with data.splits={role}=NAME")
+        out[role] = choice
+    return out
+
+
 def _read_lines(path: Path, what: str) -> list[str]:
     if not path.is_file():
         raise DataError(f"{path}: {what} file not found")
@@ -121,6 +176,9 @@ def _load_array(path: Path, mmap: bool) -> np.ndarray:
     if array.ndim != 3:
         raise DataError(f"{path}: expected a 3-d array (images, regions, dims), got shape "
                         f"{array.shape}")
+    if array.dtype != np.float32:  # what SCAN/BUTD publish and the encoders read
+        raise DataError(f"{path}: dtype {array.dtype}, expected float32; save it with "
+                        "np.save(path, array.astype(np.float32))")
     return array
 
 

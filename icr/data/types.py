@@ -26,6 +26,8 @@ class CaptionedImages:
         image_subdirs: per image, the sub-folder of ``image_root`` holding it (Karpathy
             ``filepath``, e.g. ``train2014`` / ``val2014`` for COCO, whose train split mixes both),
             or ``None``.
+        numeric_ids: per image, its number in the dataset (Karpathy ``cocoid`` for COCO, else
+            ``imgid``): what SCAN's ``{split}_ids.txt`` lists, or ``None``.
     """
 
     split: str
@@ -36,6 +38,7 @@ class CaptionedImages:
     image_root: Path | None = None
     tokens: tuple[tuple[str, ...], ...] | None = field(default=None, repr=False)
     image_subdirs: tuple[str, ...] | None = field(default=None, repr=False)
+    numeric_ids: tuple[str, ...] | None = field(default=None, repr=False)
 
     @property
     def num_images(self) -> int:

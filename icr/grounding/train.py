@@ -114,6 +114,7 @@ def _load_split(source: DatasetSource, split: str, max_regions: int | None,
                         "features beside the dataset; use data.dataset=shapes, or give "
                         "data.precomp_dir and data.entities_dir")
     return load_grounding(source.regions_dir, source.entities_dir, split,
+                          features_split=source.region_splits.get(split, split),
                           max_regions=max_regions, max_words=max_words)
 
 
@@ -414,7 +415,8 @@ def prepare_grounding(config: Any, workspace: Any) -> Prepared:
         digest.update("\n".join(data.splits[split].captions).encode())
     train = data.splits["train"]
     root = data.source.root if data.source is not None else None
-    return Prepared(digest.hexdigest()[:16], train.num_captions, train.num_images, root)
+    notes = data.source.notes if data.source is not None else ()
+    return Prepared(digest.hexdigest()[:16], train.num_captions, train.num_images, root, notes)
 
 
 def fits_grounding(config: Any, data: Prepared) -> None:
@@ -422,8 +424,24 @@ def fits_grounding(config: Any, data: Prepared) -> None:
     steps_per_epoch(data.train_captions, config.train.batch_size)
 
 
+def check_grounding_data(config: Any, workspace: Any) -> tuple[str, ...]:
+    """Every file a grounding run reads, checked without preparing it (``--plan``): the
+    dataset's splits, and per split the Entities sentences, boxes and split list with the region
+    features and boxes of its images (words are not tagged here). Returns what preparation
+    prints; a problem raises a one-line DataError naming the file."""
+    source = load_source(config, workspace)
+    for split in SPLITS:
+        if source.entities_dir is None or source.regions_dir is None:
+            _load_split(source, split, None, None)  # the DataError that names what is missing
+        load_grounding(source.regions_dir, source.entities_dir, split,
+                       features_split=source.region_splits.get(split, split),
+                       max_regions=config.grounding.max_regions or None, select_words=False)
+    return source.notes
+
+
 @TASKS.register("grounding", reads=("grounding.*",), prepare=prepare_grounding,
-                fits=fits_grounding, provides=(GroundingInputs, Attention))
+                fits=fits_grounding, provides=(GroundingInputs, Attention),
+                check_data=check_grounding_data)
 def grounding(config: Any, workspace: Any, device: torch.device) -> GroundingTask:
     """Weakly supervised phrase grounding (Gupta et al., ECCV 2020); keys in the module docstring."""
     g = config.grounding

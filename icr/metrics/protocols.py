@@ -7,6 +7,11 @@
   within each fold and averaged over the folds (ranks too, as VSE++ and VSE-infinity do). Keys
   are prefixed ``1k_`` (``1k_rsum``, ``1k_i2t_R_at_1``, ...).
 
+Which protocols a test split is reported with, and its fold size, its dataset decides from what
+its files hold (:func:`icr.data.datasets.reporting_protocols`: COCO's ``testall``, or any test
+split of 5,000 images; a scaled-down COCO-layout folder gets 5 folds of a fifth of its test split,
+and says so); :func:`icr.train.evaluation.split_metrics` evaluates them.
+
 Graded relevance (nDCG) and CxC extended positives are sliced per fold: a fold's relevance
 matrix is its captions' rows and its images' columns, and its extended positives are those that
 fall inside the fold (re-indexed). This is how TERN computes nDCG on COCO 1k; CxC publishes 5k
@@ -29,33 +34,19 @@ from torch import Tensor
 from icr.metrics.retrieval import retrieval_metrics
 
 __all__ = [
-    "COCO_TEST_IMAGES",
     "FOLD_PREFIX",
+    "FOLD_SIZE",
     "PROTOCOLS",
     "evaluate_protocol",
     "evaluate_protocols",
     "fold_metrics",
-    "protocols_for",
 ]
 
 PROTOCOLS = ("full", "coco_5fold_1k")
-COCO_TEST_IMAGES = 5000  # images of the COCO Karpathy test split
-FOLD_SIZE = 1000
+FOLD_SIZE = 1000  # images per fold on COCO (a scaled-down fixture: a fifth of its test split)
 FOLD_PREFIX = "1k_"
 
 Similarities = Tensor | tuple[Tensor, Tensor]
-
-
-def protocols_for(num_test_images: int, dataset: str = "") -> tuple[str, ...]:
-    """The protocols a test split is reported with.
-
-    COCO's Karpathy test split (5,000 images) is reported both on the full 5k and as 5-fold 1k;
-    every other split on the full set only. ``dataset`` (any name; "" = unknown) vetoes the folds
-    when it is given and does not mention COCO, so a 5,000-image split of another dataset gets
-    ``full`` only.
-    """
-    coco = not dataset or "coco" in dataset.lower()
-    return PROTOCOLS if coco and num_test_images == COCO_TEST_IMAGES else ("full",)
 
 
 def evaluate_protocol(

@@ -4,7 +4,10 @@
 the inputs the task placed on its device (:class:`~icr.data.images.ImageStore` and the clean
 caption ids of :meth:`~icr.data.captions.CaptionTable.clean`); ``evaluate_split`` scores them
 with every retrieval metric the split's assets allow (R@k, rsum, ranks, R-precision, mAP@5, nDCG
-from the relevance matrix, CxC from the extended positives).
+from the relevance matrix, CxC from the extended positives). The test split is scored under
+every protocol its dataset is reported with (:attr:`~icr.data.datasets.DatasetSource.protocols`):
+on COCO the full 5K and the mean over five 1K folds (``1k_*`` keys,
+:mod:`icr.metrics.protocols`).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import torch
 
 from icr.data.images import ImageStore, PixelNorm, encoder_input
 from icr.data.pipeline import PreparedData
-from icr.metrics import retrieval_metrics
+from icr.metrics.protocols import FOLD_PREFIX, Similarities, evaluate_protocols
 from icr.models.dual_encoder import DualEncoder
 
 
@@ -43,10 +46,27 @@ def embed_split(
 def evaluate_split(
     img: torch.Tensor, cap: torch.Tensor, data: PreparedData, split: str
 ) -> dict[str, float]:
-    """Every retrieval metric of ``split`` from its embeddings (see :func:`retrieval_metrics`)."""
+    """Every retrieval metric of ``split`` from its embeddings (see :func:`split_metrics`)."""
+    return split_metrics((img, cap), data, split)
+
+
+def split_metrics(sims: Similarities, data: PreparedData, split: str) -> dict[str, float]:
+    """Every retrieval metric of ``split`` from its similarities, or its ``(images, captions)``
+    embeddings: validation on the full split, test under each of the dataset's protocols (COCO:
+    the 5K keys and the ``1k_`` keys of the 5-fold mean, plus ``1k_fold_images``, the images a
+    fold held: 1,000 on COCO, fewer on a scaled-down fixture).
+
+    Shapes: sims ``(N_img, N_cap)`` or ``((N_img, D), (N_cap, D))``.
+    """
     assets = data.eval_assets[split]
-    caption_image = torch.as_tensor(data.splits[split].caption_image, device=img.device)
-    return retrieval_metrics(
-        img @ cap.t(), caption_image, relevance=assets.relevance,
+    device = sims[0].device if isinstance(sims, tuple) else sims.device
+    caption_image = torch.as_tensor(data.splits[split].caption_image, device=device)
+    source = data.source
+    protocols = source.protocols if split == "test" else ("full",)
+    metrics = evaluate_protocols(
+        sims, caption_image, protocols, fold_size=source.fold_size, relevance=assets.relevance,
         extended_i2t=assets.extended_i2t, extended_t2i=assets.extended_t2i,
     )
+    if "coco_5fold_1k" in protocols:
+        metrics[f"{FOLD_PREFIX}fold_images"] = float(source.fold_size)
+    return metrics

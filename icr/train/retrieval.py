@@ -62,7 +62,7 @@ from icr.train.recipe import (
     schedule_factor,
     swa_snapshot_steps,
 )
-from icr.train.retrieval_data import RetrievalInputs, prepare_data
+from icr.train.retrieval_data import RetrievalInputs, check_data, prepare_data
 from icr.train.seam import StepModes
 from icr.train.step_log import StepLog
 from icr.train.tasks import TASKS, Prepared
@@ -465,7 +465,8 @@ def prepare_retrieval(config: ExperimentConfig, workspace: Workspace) -> Prepare
     """The data of a retrieval run, cached (dataset, vocabulary, targets, relevance)."""
     data = prepare_data(config, workspace)
     train = data.splits["train"]
-    return Prepared(data.fingerprint, train.num_captions, train.num_images, data.source.root)
+    return Prepared(data.fingerprint, train.num_captions, train.num_images, data.source.root,
+                    data.source.notes)
 
 
 def fits_retrieval(config: ExperimentConfig, data: Prepared) -> None:
@@ -477,7 +478,7 @@ def fits_retrieval(config: ExperimentConfig, data: Prepared) -> None:
 
 @TASKS.register(
     "retrieval", reads=("image.*", "text.*", "model.*", "loss.*", "decoder.*", "objective.*"),
-    prepare=prepare_retrieval, check=check_retrieval, fits=fits_retrieval,
+    prepare=prepare_retrieval, check=check_retrieval, fits=fits_retrieval, check_data=check_data,
     provides=(Embeddings, InitialEmbeddings, RetrievalInputs),
 )
 def retrieval(config: ExperimentConfig, workspace: Workspace, device: torch.device) -> RetrievalTask:

@@ -21,7 +21,7 @@ from icr.config import ExperimentConfig, used_keys
 from icr.context import Capability
 from icr.data import cxc
 from icr.data.captions import CaptionInput, VocabInput, WordpieceInput
-from icr.data.datasets import SPLITS, DatasetSource, load_source
+from icr.data.datasets import SHAPES_SPLITS, SPLITS, DatasetSource, load_source, shapes_folder
 from icr.data.glove import embedding_matrix, load_glove
 from icr.data.images import PixelNorm
 from icr.data.pipeline import (
@@ -44,7 +44,7 @@ from icr.models.image import IMAGE_ENCODERS
 from icr.models.tokens import load_bert_tokenizer
 from icr.workspace import Workspace
 
-__all__ = ["RetrievalInputs", "caption_input", "pixel_normalizer", "prepare_data"]
+__all__ = ["RetrievalInputs", "caption_input", "check_data", "pixel_normalizer", "prepare_data"]
 
 
 @dataclass(frozen=True)
@@ -90,6 +90,43 @@ def prepare_data(
     return PreparedData(source, splits, images, pixel_normalizer(config), vocab, captions,
                         word_vectors, targets, assets, data_fingerprint(splits), tables,
                         vocab_table)
+
+
+def check_data(config: ExperimentConfig, workspace: Workspace) -> tuple[str, ...]:
+    """Every file a retrieval run of ``config`` reads, checked without preparing it (``--plan``):
+    the splits as the dataset's loader reads them (the precomputed arrays' names, shapes and
+    dtypes through a memory map, caption, id and image counts that agree, unique ids), the
+    region features of each split (their ids cover the split), the image files, the CxC files
+    and a relevance matrix given by path. Returns what preparation will print (which files serve
+    each split, the test's protocols); a problem raises DataError or ConfigError, one line naming
+    the file and the fix. The embedded benchmark not generated yet is not generated here."""
+    d = config.data
+    if d.dataset == "shapes":
+        folder = shapes_folder(preset=d.preset, seed=d.seed, root=d.root, workspace=workspace)
+        if not (folder / SHAPES_SPLITS).is_file():
+            return (f"data: the embedded benchmark ({d.preset} preset) is generated into "
+                    f"{folder} by the first run",)
+    source = load_source(config, workspace)
+    for name in SPLITS:
+        split = source.splits[name]
+        if d.features == "regions":
+            image_inputs(config, source, split, workspace.cache)  # reads nothing but the ids
+        else:
+            missing = [i for i in range(split.num_images) if not split.image_path(i).is_file()]
+            if missing:
+                raise DataError(f"{split.image_path(missing[0])}: image not found ({len(missing):,} "
+                                f"of the {split.num_images:,} {name} images missing); give the "
+                                "image folder with data.image_root")
+    for name in ("val", "test"):
+        given = getattr(d, f"cxc_{name}")
+        path = Path(given) if given else source.cxc.get(name)
+        if path is not None:
+            cxc.extended_positives(source.splits[name], path, min_score=d.cxc_min_score)
+        if d.relevance not in ("auto", "rouge", "none") and d.relevance not in \
+                source.relevance.get(name, {}):
+            split = source.splits[name]
+            load_relevance(Path(d.relevance), split.num_captions, split.num_images, mmap=True)
+    return source.notes
 
 
 def caption_input(config: ExperimentConfig, vocab: Vocabulary) -> CaptionInput:

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import torch
 
 from icr.context import Capability
+from icr.data.datasets import load_source
 from icr.registry import Registry
 
 # A task registers ``provides=`` (the capability types of its ``capabilities()``) and ``prepare=``.
@@ -87,6 +88,17 @@ def check(config: Any) -> None:
         checker(config)
 
 
+def check_data(config: Any, workspace: Any) -> tuple[str, ...]:
+    """Every file a run of ``config`` will read, checked without preparing it (``--plan``): the
+    task registers ``check_data=`` (``(config, workspace) -> lines``); without one, its dataset
+    is loaded as its loader reads it. Returns the lines preparation will print (which files serve
+    each split, the test's protocols); a problem is a DataError naming the file and the fix."""
+    checker = TASKS.meta(config.task.name).get("check_data")
+    if checker is not None:
+        return checker(config, workspace)
+    return load_source(config, workspace).notes
+
+
 @dataclass(frozen=True)
 class Prepared:
     """What preparing a configuration's data tells the driver.
@@ -97,12 +109,15 @@ class Prepared:
         train_images: training images (with at least one caption).
         root: the dataset's folder, where the driver may read what names the data (the
             embedded benchmark's manifest); ``None`` when there is no such folder.
+        notes: what the preparation chose, one line each (which files serve validation and
+            test, which protocols the test split is reported with), for the driver to print.
     """
 
     fingerprint: str
     train_captions: int
     train_images: int
     root: Path | None = None
+    notes: tuple[str, ...] = ()
 
 
 def prepare(config: Any, workspace: Any) -> Prepared:

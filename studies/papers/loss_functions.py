@@ -69,7 +69,7 @@ def _recall_columns(direction: str) -> tuple[Column, ...]:
 
 
 TABLE_1 = Table(
-    "table1", "Metric-learning losses on the embedded benchmark (the paper's Table 1 layout)",
+    "table1", "Metric-learning losses (the paper's Table 1 layout)",
     (*_recall_columns("i2t"),
      Column("test_i2t_mAP_at_5", "mAP@5", "i2t", unit="", digits=2, scale=0.01),
      *_recall_columns("t2i"), Column("test_rsum", "rsum")),

@@ -205,7 +205,7 @@ def table_3(arch: str) -> Table:
     """LTD Table 3's columns for one architecture, its baseline row the contrastive one."""
     label = ARCHITECTURES[arch][0]
     return Table(
-        f"table3_{arch}", f"LTD Table 3, {label}, on the embedded benchmark",
+        f"table3_{arch}", f"LTD Table 3, {label}",
         (*(Column(f"test_i2t_R_at_{k}", f"R@{k}", "i2t") for k in (1, 5, 10)),
          *(Column(f"test_t2i_R_at_{k}", f"R@{k}", "t2i") for k in (1, 5, 10)),
          Column("test_t2i_nDCG_at_25", "nDCG@25", "t2i"),

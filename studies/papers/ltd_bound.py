@@ -119,7 +119,7 @@ LAGRANGIAN = Condition(
 
 # LTD paper Table 1: R@1/5/10 and R-precision i2t, R@1/5/10 and nDCG@25 t2i, rsum.
 TABLE_1 = Table(
-    "table1", "LTD Table 1 on the embedded benchmark",
+    "table1", "LTD Table 1",
     (*(Column(f"test_i2t_R_at_{k}", f"R@{k}", "i2t") for k in (1, 5, 10)),
      Column("test_i2t_rprec", "R-P", "i2t"),
      *(Column(f"test_t2i_R_at_{k}", f"R@{k}", "t2i") for k in (1, 5, 10)),

@@ -42,7 +42,7 @@ CONDITIONS = tuple(
 )
 
 TABLE = Table(
-    "table", "Pooling x objective on the embedded benchmark (the paper's Table 4 ablation)",
+    "table", "Pooling x objective (the paper's Table 4 ablation)",
     (*(Column(f"test_{d}_R_at_{k}", f"R@{k}", d) for d in ("i2t", "t2i") for k in (1, 5, 10)),
      Column("test_rsum", "rsum")),
     baseline="max_triplet_sh",

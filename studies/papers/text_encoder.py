@@ -34,7 +34,7 @@ STUDY = Study(
     startup_trials=3,
     seeds=2,
     reduction_factor=3,
-    tables=(replace(TABLE, baseline="gru", title="Caption encoders on the embedded benchmark"),),
+    tables=(replace(TABLE, baseline="gru", title="Caption encoders"),),
     figures=(Figure("val_rsum_per_epoch", "validation rsum per epoch", metric_per_epoch()),),
     smoke={"data.preset": "tiny", "train.finetune_epochs": 1, "train.batch_size": 16},
     smoke_budget=1,
