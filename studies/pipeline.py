@@ -160,7 +160,8 @@ def run_study(
         try:
             stops.check()  # a KeyboardInterrupt raised while Ray started can be lost
             with StopSignals() as inner:
-                check_storage(plan.storage_root, cluster.nodes, hosts=cluster.hosts)
+                check_storage(plan.storage_root, cluster.reachable_nodes,
+                              hosts=cluster.reachable_hosts, now=cluster.nodes)
                 resources = cluster.trial_resources(plan.cpus_per_trial, plan.trials_per_gpu)
                 say(cluster.describe(resources))
                 say(connection.dashboard_hint(cluster))

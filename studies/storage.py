@@ -8,6 +8,7 @@ anything starts.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from icr.errors import UserError
@@ -19,13 +20,16 @@ SHARED_FS = ("nfs", "nfs4", "cifs", "smb3", "lustre", "gpfs", "ceph", "glusterfs
              "efs", "virtiofs", "9p")
 
 
-def check_storage(storage: str, nodes: int, mounts: str | None = None,
-                  hosts: int | None = None) -> None:
+def check_storage(storage: str, nodes: float, mounts: str | None = None,
+                  hosts: int | None = None, now: int | None = None) -> None:
     """A multi-node study needs Tune storage every node can reach (Ray does not sync to the head).
 
-    Accepts ``s3://``, ``gs://``, a path on a network file system, or any path when all nodes run
-    on one machine (``hosts == 1``: they share its disk); raises UserError otherwise.
-    ``mounts`` is the text of /proc/mounts (read when not given).
+    ``nodes`` is the most nodes the cluster can reach (:attr:`studies.connection.Cluster.
+    reachable_nodes`), not those alive at the start (``now``): a cluster that starts with its
+    head alone and adds workers when trials ask for them (``cluster.yaml``, a RayJob) runs its
+    trials on other machines. Accepts ``s3://``, ``gs://``, a path on a network file system, or
+    any path when every node runs on one machine (``hosts == 1``: they share its disk); raises
+    UserError otherwise. ``mounts`` is the text of /proc/mounts (read when not given).
     """
     if nodes <= 1 or hosts == 1 or storage.startswith(REMOTE_SCHEMES):
         return
@@ -34,10 +38,12 @@ def check_storage(storage: str, nodes: int, mounts: str | None = None,
     fstype = filesystem_type(Path(storage), mounts)
     if fstype in SHARED_FS:
         return
+    reach = "more than one" if math.isinf(nodes) else f"{nodes:g}"
+    alive = f" ({now} now)" if now is not None and now < nodes else ""
     raise UserError(
-        f"the cluster has {nodes} nodes but the Tune storage {storage} is on a local disk "
-        f"({fstype}); pass --storage s3://BUCKET/PATH, gs://BUCKET/PATH or a path on NFS "
-        "mounted on every node"
+        f"the cluster can reach {reach} nodes{alive} but the Tune storage {storage} is on a "
+        f"local disk ({fstype}); pass --storage s3://BUCKET/PATH, gs://BUCKET/PATH or a path "
+        "on NFS mounted on every node"
     )
 
 

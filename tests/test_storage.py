@@ -1,0 +1,104 @@
+"""Tune storage: whether every node a study can reach reaches it, and reading and writing it
+through the file system of its URI (a local folder, or ``s3://`` on an S3-compatible server).
+
+The fast tests check the storage check against clusters described by hand, and the driver's
+readings of Tune's saved state through :mod:`pyarrow.fs`. The slow ones run studies on
+``--storage s3://...`` with moto's S3 server on 127.0.0.1 (:mod:`servers`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import yaml
+
+from icr.errors import UserError
+from studies import connection, storage
+from studies.connection import Cluster, Growth, growth_from_config
+
+ROOT = Path(__file__).resolve().parent.parent
+MOUNTS = "/dev/sda1 / ext4 rw 0 0\nnfs:/export /mnt/shared nfs4 rw 0 0\n"
+
+
+# --- the nodes a study can reach ---------------------------------------------------------------
+
+
+def head_alone(address: str = "10.0.0.5:6379", growth: Growth | None = None) -> Cluster:
+    """A cluster as cluster.yaml starts it: its head alone, no GPU, its workers to be added."""
+    growth = growth or growth_from_config(yaml.safe_load((ROOT / "cluster.yaml").read_text()),
+                                          "cluster.yaml")
+    return Cluster(address, None, cpus=0, gpus=0, nodes=1, started_here=False, hosts=1,
+                   shapes=((0.0, 0.0),), growth=growth)
+
+
+def check(cluster: Cluster, path: str = "/home/me/workspace/ray") -> None:
+    storage.check_storage(path, cluster.reachable_nodes, MOUNTS, hosts=cluster.reachable_hosts,
+                          now=cluster.nodes)
+
+
+def test_a_cluster_that_starts_with_its_head_alone_refuses_local_storage() -> None:
+    """cluster.yaml: at most 8 workers; the head alone at the start is not a one-node cluster."""
+    cluster = head_alone()
+    assert (cluster.reachable_nodes, cluster.reachable_hosts) == (9, None)
+    with pytest.raises(UserError) as refused:
+        check(cluster)
+    assert str(refused.value) == (
+        "the cluster can reach 9 nodes (1 now) but the Tune storage /home/me/workspace/ray is on "
+        "a local disk (ext4); pass --storage s3://BUCKET/PATH, gs://BUCKET/PATH or a path on NFS "
+        "mounted on every node")
+    check(cluster, "/mnt/shared/icr/ray")  # a network file system
+    check(cluster, "s3://bucket/ray")
+    # Once its workers are up, they count as they are, not on top of those it can add.
+    grown = replace(cluster, nodes=3, hosts=3)
+    assert grown.reachable_nodes == 9
+
+
+def test_gpus_stated_beyond_those_of_the_nodes_alive_mean_more_nodes() -> None:
+    stated = head_alone(growth=Growth("--gpus", stated_gpus=8))
+    assert stated.reachable_nodes == 2  # at least one more: the head has no GPU
+    with pytest.raises(UserError, match=r"can reach 2 nodes \(1 now\)"):
+        check(stated)
+    eight = replace(stated, gpus=8, shapes=((64.0, 8.0),))  # one machine with its 8 GPUs
+    assert eight.reachable_nodes == 1
+    check(eight)
+
+
+def test_nodes_that_can_only_be_on_this_machine_share_its_disk() -> None:
+    """A head at a loopback address (Ray's fake autoscaler, nodes started on one machine for
+    tests): no other machine can join it, so the workspace's disk is every node's."""
+    loopback = head_alone("127.0.0.1:6379")
+    assert loopback.reachable_hosts == 1
+    check(loopback)
+    cannot_grow = Cluster("10.0.0.5:6379", None, cpus=2, gpus=0, nodes=2, started_here=False,
+                          hosts=1)
+    assert cannot_grow.reachable_hosts == 1
+    check(cannot_grow)
+    with pytest.raises(UserError, match="can reach 2 nodes but"):
+        check(replace(cannot_grow, hosts=2))
+
+
+def test_a_study_joining_a_cluster_that_can_grow_is_refused_before_any_run(
+        tmp_path: Path, monkeypatch, capsys) -> None:
+    """Through the command line: one line, exit 2, nothing recorded in MLflow."""
+    from studies.pipeline import Backend
+    from studies.run import main
+
+    from fakes import FakeFit, fake_prepare, fake_study
+
+    joined = head_alone()
+    monkeypatch.setattr(storage, "filesystem_type", lambda path, mounts=None: "ext4")
+    monkeypatch.setattr(connection, "reachable_gcs", lambda address: address)
+    monkeypatch.setattr(connection, "connect", lambda *args, **kwargs: joined)
+    monkeypatch.setattr(connection, "disconnect", lambda *args, **kwargs: None)
+    workspace = tmp_path / "ws"
+    rc = main(["fake", "--workspace", str(workspace), "--address", joined.address],
+              backend=Backend(FakeFit(), fake_prepare), extra_studies={"fake": fake_study(tmp_path)})
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert err.splitlines() == [
+        f"error: the cluster can reach 9 nodes (1 now) but the Tune storage {workspace / 'ray'} is "
+        "on a local disk (ext4); pass --storage s3://BUCKET/PATH, "
+        "gs://BUCKET/PATH or a path on NFS mounted on every node"]
+    assert not (workspace / "ray" / "fake").exists()  # no study run begun
