@@ -46,6 +46,7 @@ from mlflow.entities import Metric, Param, RunTag
 from ray.tune import Callback
 
 from icr.errors import UserError
+from studies import storage
 from studies.failures import error_line
 from studies.frameworks import mlflow as mlflow_adapter
 from studies.frameworks.tune import BOOKKEEPING, CHECKPOINT_DIR, trial_error
@@ -337,12 +338,16 @@ def epoch_metrics(result: Mapping[str, Any], now_ms: int) -> list[Metric]:
     return items
 
 
-def checkpoint_location(checkpoint: Any) -> str:
+def checkpoint_location(checkpoint: Any, storage_root: str = "") -> str:
     """Where a Tune checkpoint is, as ``tune.Checkpoint(location)`` reads it on any node (the
     ``checkpoint`` tag of a run, for ensembles and analyses): its folder on a local or shared
-    file system, else its URI (``s3://bucket/...``, ``gcs://bucket/...``)."""
+    file system, else its URI (``s3://bucket/...``, ``gcs://bucket/...``) with the query string
+    of the study's storage URI ``storage_root`` (its file system's options: an S3-compatible
+    server's ``endpoint_override``, say)."""
     kind = checkpoint.filesystem.type_name
-    return checkpoint.path if kind == "local" else f"{kind}://{checkpoint.path}"
+    if kind == "local":
+        return checkpoint.path
+    return storage.with_query_of(f"{kind}://{checkpoint.path}", storage_root)
 
 
 class MlflowTrialCallback(Callback):
@@ -354,9 +359,10 @@ class MlflowTrialCallback(Callback):
 
     def __init__(
         self, tracker: Tracker, parent_id: str, tags: Mapping[str, str],
-        fingerprints: Mapping[str, str], max_epochs: Mapping[str, int],
+        fingerprints: Mapping[str, str], max_epochs: Mapping[str, int], storage_root: str = "",
     ) -> None:
         self.tracker = tracker
+        self.storage_root = storage_root  # the study's Tune storage (its URI's options)
         self.parent_id = parent_id
         self.tags = dict(tags)
         self.fingerprints = dict(fingerprints)
@@ -411,7 +417,7 @@ class MlflowTrialCallback(Callback):
         result = trial.last_result or {}
         run_id = self.run_id(trial)
         self._record(trial, result)
-        self.tracker.set_tags(run_id, {"checkpoint": checkpoint_location(checkpoint)})
+        self.tracker.set_tags(run_id, {"checkpoint": checkpoint_location(checkpoint, self.storage_root)})
         files = result.get("artifacts") or ()
         if not files:
             return

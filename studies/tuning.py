@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import shutil
 import signal
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from ray import tune
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 from tqdm.auto import tqdm
 
+from studies import storage
 from studies.failures import error_line, failed_in_training
 from studies.frameworks.optuna import GridOnceSampler
 from studies.frameworks.tune import (
@@ -238,12 +238,12 @@ def restore_tuner(session: Session, name: str, trainable: type,
     checkpoint: one whose training failed fails again where it did; one lost around it (a
     worker, a node) gets its retry."""
     path = session.experiment_path(name)
-    if tune.Tuner.can_restore(path) and not saved_by_tune(Path(path)):
-        start_over(session, name, Path(path))
+    if tune.Tuner.can_restore(path) and not saved_by_tune(path):
+        start_over(session, name, path)
     if not tune.Tuner.can_restore(path):
         return None
     log.info("continuing the Tune experiment %s", path)
-    state = newest_searcher_state(Path(path))
+    state = newest_searcher_state(path)
     if state is not None:
         read_state(state)  # one line naming it if it is not the JSON a searcher writes
     tuner = tune.Tuner.restore(path, trainable, param_space=param_space,
@@ -276,6 +276,7 @@ def tuner_callbacks(session: Session, name: str, phase: str, conditions: tuple[s
     recorder = MlflowTrialCallback(
         session.tracker, session.parent_id, {**session.tags, "phase": phase, "tune_experiment": name},
         session.fingerprints, {c.name: c.config.epochs for c in plan.conditions},
+        plan.storage_root,
     )
     return [recorder, progress_callback(session, conditions, title, expected),
             EpochJsonLogger(), EpochCsvLogger()]
@@ -333,7 +334,7 @@ def progress_callback(session: Session, conditions: tuple[str, ...], title: str,
                             bar=options.use_bar())
 
 
-def start_over(session: Session, name: str, path: Path) -> None:
+def start_over(session: Session, name: str, path: str) -> None:
     """Discard a Tune experiment that Tune never saved whole: its folder, and the MLflow runs its
     trials opened before the driver died (Tune does not know them, so they would never finish
     and the new trials would duplicate them)."""
@@ -343,7 +344,7 @@ def start_over(session: Session, name: str, path: Path) -> None:
              path, len(lost))
     for run in lost:
         session.tracker.client.delete_run(run.info.run_id)
-    shutil.rmtree(path)
+    storage.remove_folder(path)
 
 
 def search(session: Session, condition: str) -> list[TrialRecord]:

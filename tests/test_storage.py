@@ -8,6 +8,7 @@ readings of Tune's saved state through :mod:`pyarrow.fs`. The slow ones run stud
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -102,3 +103,68 @@ def test_a_study_joining_a_cluster_that_can_grow_is_refused_before_any_run(
         "on a local disk (ext4); pass --storage s3://BUCKET/PATH, "
         "gs://BUCKET/PATH or a path on NFS mounted on every node"]
     assert not (workspace / "ray" / "fake").exists()  # no study run begun
+
+
+# --- reading and writing it through its URI's file system --------------------------------------
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    """moto's S3 server on 127.0.0.1, its credentials in this process's environment."""
+    from servers import S3_CREDENTIALS, s3_server
+
+    with pytest.MonkeyPatch.context() as env:
+        for name, value in S3_CREDENTIALS.items():
+            env.setenv(name, value)
+        with s3_server(tmp_path_factory.mktemp("s3")) as server:
+            yield server
+
+
+def test_sub_paths_are_joined_before_a_uri_s_query() -> None:
+    query = "endpoint_override=127.0.0.1:9000&scheme=http"
+    assert storage.join(f"s3://b/p?{query}", "ltd_bound", "run") == f"s3://b/p/ltd_bound/run?{query}"
+    assert storage.join(f"s3://b?{query}", "x") == f"s3://b/x?{query}"
+    assert storage.join("s3://b/p/", "x") == "s3://b/p/x"
+    assert storage.join("/ws/ray/", "x", "y") == "/ws/ray/x/y"
+    assert storage.with_query_of("s3://b/p/x/checkpoint_000001", f"s3://b/p?{query}") == \
+        f"s3://b/p/x/checkpoint_000001?{query}"
+    assert storage.with_query_of("s3://b/p/x", "/ws/ray") == "s3://b/p/x"
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_tune_s_saved_state_is_read_and_removed_through_the_storage_s_file_system(
+        where, tmp_path: Path, request) -> None:
+    """What the driver reads of a Tune experiment before it restores it (saved whole? the
+    searcher's state) and how it discards one never saved whole, on a folder and on S3 with
+    the server in the URI's query."""
+    import pyarrow.fs
+    from test_frameworks_tune import saved_experiment
+
+    from studies.frameworks.tune import newest_searcher_state, saved_by_tune
+    from studies.searcher import FORMAT, read_state
+
+    local = tmp_path / "experiment"
+    states = saved_experiment(local, searcher=True)
+    searcher = json.dumps({"format": FORMAT, "trials": [], "tune_trials": {}, "ended": {}})
+    states[1].write_text(searcher)
+    (local / "searcher-state-2026-11-25_22-50-00.pkl").write_text(searcher.replace("{}", "[]", 1))
+    if where == "local":
+        experiment = str(local)
+    else:
+        s3 = request.getfixturevalue("s3")
+        experiment = storage.join(s3.uri(f"storage-{tmp_path.name}"), "experiment")
+        fs, path = storage.filesystem(experiment)
+        pyarrow.fs.copy_files(str(local), path, destination_filesystem=fs)
+    assert saved_by_tune(experiment)
+    newest = newest_searcher_state(experiment)
+    assert newest == storage.join(experiment, states[1].name)
+    assert read_state(newest)["format"] == FORMAT
+    assert storage.read_bytes(storage.join(experiment, states[0].name)) == states[0].read_bytes()
+
+    fs, path = storage.filesystem(experiment)
+    with fs.open_output_stream(f"{path}/{states[0].name}") as cut:  # a copy cut short
+        cut.write(states[0].read_bytes()[:5])
+    assert not saved_by_tune(experiment)
+    storage.remove_folder(experiment)
+    assert storage.names(experiment) == [] and not saved_by_tune(experiment)
+    storage.remove_folder(experiment)  # gone already: nothing to do
