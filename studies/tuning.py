@@ -50,7 +50,7 @@ from studies.frameworks.tune import (
 from studies.progress import DONE, INTERVAL_S, RUNNING, WAITING, Progress, TrialView, say_now
 from studies.samplers import SpreadThenTPESampler
 from studies.searcher import StudySearcher, read_state
-from studies.session import Interrupted, Session
+from studies.session import Session
 from studies.signals import StudyIncomplete
 from studies.space import ConditionalSpace, grid_points
 from studies.tracking import PARENT_TAG, MlflowTrialCallback
@@ -186,18 +186,6 @@ class ProgressCallback(tune.Callback):
         return TrialView(trial.trial_id, state, epochs, group)
 
 
-def ended_in_saved_state(path: str) -> set[str]:
-    """The trials that Tune's saved state of the experiment at ``path`` holds as TERMINATED: they
-    ended (ran their budget, or ASHA stopped them) under an earlier driver.
-
-    Restored, such a trial's result is its saved last result, which never carries ``done``: this
-    set is how :func:`every_trial_ended` knows it ended. On Ctrl-C Tune saves its state before it
-    stops the running trials, so those are saved as RUNNING and are not counted here.
-    """
-    return {trial.trial_id for trial in tune.ExperimentAnalysis(path).trials
-            if trial.status == "TERMINATED"}
-
-
 def run_tuner(
     session: Session, name: str, job: TrialJob, conditions: tuple[str, ...],
     param_space: dict[str, Any], tune_config: tune.TuneConfig, expected: int, title: str,
@@ -206,37 +194,33 @@ def run_tuner(
     ``conditions``; ``title`` heads its status lines. Returns every trial's end.
 
     Raises:
-        Interrupted: a stop signal came, or Tune returned before every trial ended.
-        StudyIncomplete: a trial failed outside its training (:func:`trial_records`).
+        Interrupted: a stop signal came.
+        StudyIncomplete: Tune returned without every trial ended (:func:`check_ended`), or a
+            trial failed outside its training (:func:`trial_records`).
     """
     trainable = labelled_trainable(tune.with_resources(  # the dashboard names each trial's actor
         tune.with_parameters(run_trial, job=job, fit=session.fit), session.resources
     ), trial_label)
-    restored = restore_tuner(session, name, trainable, param_space)
-    if restored is None:
+    tuner = restore_tuner(session, name, trainable, param_space)
+    if tuner is None:
         callbacks = tuner_callbacks(session, name, job.phase, conditions, title, expected)
-        tuner, ended_before = new_tuner(session, name, trainable, param_space, tune_config,
-                                        callbacks), set()
-    else:
-        tuner, ended_before = restored
+        tuner = new_tuner(session, name, trainable, param_space, tune_config, callbacks)
     quiet_retried_syncs()
     session.check_stop()
     with sigint_handler_restored(lambda: session.stops.note(signal.SIGINT)):
         grid = tuner.fit()
     session.check_stop()  # Tune stopped on a stop signal and returned normally
-    if not every_trial_ended(grid, expected, ended_before):
-        log.info("the Tune experiment %s was interrupted (state in %s)", name, session.run_dir)
-        raise Interrupted()
-    return trial_records(grid, session.experiment_path(name), title)
+    trials = tune.ExperimentAnalysis(session.experiment_path(name)).trials
+    check_ended(trials, expected, title)
+    return trial_records(grid, trials, title)
 
 
 def restore_tuner(session: Session, name: str, trainable: type,
-                  param_space: dict[str, Any]) -> tuple[tune.Tuner, set[str]] | None:
-    """The experiment ``name`` restored, with the trials that had ended under an earlier
-    driver; ``None`` when there is none to restore. One that Tune never saved whole is
-    discarded first (:func:`start_over`). A trial that failed is continued from its last
-    checkpoint: one whose training failed fails again where it did; one lost around it (a
-    worker, a node) gets its retry."""
+                  param_space: dict[str, Any]) -> tune.Tuner | None:
+    """The experiment ``name`` restored; ``None`` when there is none to restore. One that Tune
+    never saved whole is discarded first (:func:`start_over`). A trial that failed is continued
+    from its last checkpoint: one whose training failed fails again where it did; one lost
+    around it (a worker, a node) gets its retry."""
     path = session.experiment_path(name)
     if tune.Tuner.can_restore(path) and not saved_by_tune(path):
         start_over(session, name, path)
@@ -246,9 +230,8 @@ def restore_tuner(session: Session, name: str, trainable: type,
     state = newest_searcher_state(path)
     if state is not None:
         read_state(state)  # one line naming it if it is not the JSON a searcher writes
-    tuner = tune.Tuner.restore(path, trainable, param_space=param_space,
-                               resume_unfinished=True, resume_errored=True)
-    return tuner, ended_in_saved_state(path)
+    return tune.Tuner.restore(path, trainable, param_space=param_space,
+                              resume_unfinished=True, resume_errored=True)
 
 
 def new_tuner(session: Session, name: str, trainable: type, param_space: dict[str, Any],
@@ -282,25 +265,38 @@ def tuner_callbacks(session: Session, name: str, phase: str, conditions: tuple[s
             EpochJsonLogger(), EpochCsvLogger()]
 
 
-def every_trial_ended(grid: tune.ResultGrid, expected: int, ended_before: set[str]) -> bool:
-    """Whether every trial of the Tuner ended: it failed, reported its last epoch (``done``), or
-    had ended under an earlier driver. Tune returns normally after Ctrl-C, with its state saved;
-    a trial it stopped then is TERMINATED too, but without its last result marked done."""
-    ended = [r for r in grid if r.error is not None or (r.metrics or {}).get("done")
-             or (r.metrics or {}).get("trial_id") in ended_before]
-    return len(ended) >= expected and len(ended) >= len(grid)
+def check_ended(trials: list[Any], expected: int, title: str) -> None:
+    """Every one of the ``expected`` trials ended, as Tune saved the experiment when ``fit``
+    returned (``trials``: ``ExperimentAnalysis(...).trials``, read from the storage):
+    TERMINATED (it ran its budget, ASHA stopped it, or it had ended under an earlier driver) or
+    ERROR.
+
+    Not whether its last result is marked ``done``: a Tune 2.60 controller restored from a
+    state saved while a trial's STOP was queued (ASHA stopped it as its last checkpoint was
+    being saved, and the driver was killed before the trial was saved as ended) stops that
+    trial again on its first result, which is not marked ``done``; the trial ended, and the
+    phase goes on. A stop signal is no business of this check: it raised Interrupted before.
+
+    Raises:
+        StudyIncomplete: Tune returned with a trial not ended and no stop signal came.
+    """
+    unended = [t for t in trials if t.status not in ("TERMINATED", "ERROR")]
+    if unended or len(trials) < expected:
+        named = ", ".join(trial_label(t.trial_id, t.config) for t in unended[:3]) or "none started"
+        raise StudyIncomplete(
+            f"Tune returned with {max(len(unended), expected - len(trials))} trial(s) of {title} "
+            f"not ended ({named}); run the same command again to continue them")
 
 
-def trial_records(grid: tune.ResultGrid, path: str, title: str) -> list[TrialRecord]:
-    """Each trial of a finished Tuner (experiment ``path``) as a :class:`TrialRecord`.
+def trial_records(grid: tune.ResultGrid, trials: list[Any], title: str) -> list[TrialRecord]:
+    """Each trial of a finished Tuner as a :class:`TrialRecord` (``trials``: its trials as Tune
+    saved them, whose configs a result of a trial that failed before its first result lacks).
 
     Raises:
         StudyIncomplete: a trial failed outside its training (every retry): the phase is not
             done; run again, such trials continue from their checkpoints.
     """
-    configs = {}
-    if any(result.config is None for result in grid):  # a trial failed before its first result
-        configs = {str(t.path): t.config for t in tune.ExperimentAnalysis(path).trials}
+    configs = {str(t.path): t.config for t in trials}
     records = [_record(result, configs) for result in grid]
     lost = [r for r in records if r.error and not r.own_failure]
     if lost:
