@@ -168,3 +168,81 @@ def test_tune_s_saved_state_is_read_and_removed_through_the_storage_s_file_syste
     storage.remove_folder(experiment)
     assert storage.names(experiment) == [] and not saved_by_tune(experiment)
     storage.remove_folder(experiment)  # gone already: nothing to do
+
+
+def test_an_s3_endpoint_is_read_from_aws_endpoint_url(s3, monkeypatch, tmp_path: Path) -> None:
+    """``--storage s3://bucket/prefix`` with the server in ``AWS_ENDPOINT_URL`` (pyarrow reads
+    it, as boto3 does), no query string."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3.endpoint)
+    experiment = f"s3://{s3.bucket}/env-{tmp_path.name}/experiment"
+    fs, path = storage.filesystem(experiment)
+    with fs.open_output_stream(f"{path}/searcher-state-1.pkl") as out:
+        out.write(b'{"format": "x"}')
+    assert storage.names(experiment, "searcher-state-*") == ["searcher-state-1.pkl"]
+    assert s3.keys(f"env-{tmp_path.name}/") == [f"env-{tmp_path.name}/experiment/searcher-state-1.pkl"]
+
+
+# --- a study on S3, its driver killed in the search ---------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_a_study_on_s3_killed_in_its_search_is_completed_by_the_rerun(
+        s3, tmp_path: Path) -> None:
+    """The chaos test's study (:mod:`test_studies_chaos`) with ``--storage s3://...?
+    endpoint_override=...`` on moto's server, its driver SIGKILLed as the search's first trial
+    ends; the same command then completes it: every run FINISHED once, no epoch trained or
+    recorded twice, each as Tune's result files in the bucket hold it."""
+    import re
+    import signal
+    import time
+
+    import pyarrow.fs
+    from test_studies_chaos import (
+        DRIVER,
+        FAKE,
+        Campaign,
+        Instant,
+        check_instant,
+        fit_calls,
+        recorded_epochs,
+        wait_for_no_leftovers,
+    )
+
+    uri = s3.uri(f"studies-{tmp_path.name}")
+    in_search = re.compile(r"^search lagrangian: [12] done")
+
+    class OnS3(Campaign):
+        def command(self) -> list[str]:
+            return [*super().command(), "--storage", uri]
+
+        def _due(self, run, instant, before, reached) -> bool:
+            return any(in_search.match(line) for _, line in run.lines)
+
+    (tmp_path / "driver.py").write_text(DRIVER)
+    campaign = OnS3(FAKE, tmp_path, seed=0)
+    started = time.monotonic()
+    try:
+        killed = campaign.run(tmp_path / "records-0", Instant("search", signal.SIGKILL, 0.0))
+        assert killed.signalled and killed.rc == -signal.SIGKILL, killed.text[-3000:]
+        run_dir, state = campaign.state_of(set())
+        assert state["phase"] == "search"
+        held = [recorded_epochs(campaign.workspace / "mlflow.db", state["parent_run_id"])]
+        rerun = campaign.run(tmp_path / "records-1")
+        assert rerun.rc == 0, rerun.text[-3000:]
+        took = time.monotonic() - started
+
+        # Tune's experiments are in the bucket, not on the driver's disk: fetched beside the
+        # study run's state for the chaos test's checks of its result files.
+        experiments = storage.join(uri, FAKE.key, run_dir.name)
+        assert not list(run_dir.glob("*/*/result.json"))
+        fs, path = storage.filesystem(experiments)
+        pyarrow.fs.copy_files(path, str(run_dir), source_filesystem=fs)
+        calls = [fit_calls(tmp_path / "records-0"), fit_calls(tmp_path / "records-1")]
+        check_instant(campaign, set(), [killed, rerun], calls, held, None)
+        assert not wait_for_no_leftovers(campaign)
+    finally:
+        campaign.clean()
+    keys = s3.keys(f"studies-{tmp_path.name}/")
+    print(f"S3 resume: killed {killed.signalled[1]:.0f} s into the driver ({killed.phase_at_signal}), "
+          f"the rerun rc 0; {took:.0f} s in all; {len(keys)} objects in the bucket")
