@@ -282,7 +282,7 @@ def check_ended(trials: list[Any], expected: int, title: str) -> None:
     """
     unended = [t for t in trials if t.status not in ("TERMINATED", "ERROR")]
     if unended or len(trials) < expected:
-        named = ", ".join(trial_label(t.trial_id, t.config) for t in unended[:3]) or "none started"
+        named = ", ".join(f"trial {t.trial_id} {t.status}" for t in unended[:3]) or "none started"
         raise StudyIncomplete(
             f"Tune returned with {max(len(unended), expected - len(trials))} trial(s) of {title} "
             f"not ended ({named}); run the same command again to continue them")

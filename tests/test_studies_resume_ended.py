@@ -113,3 +113,23 @@ def test_a_rerun_whose_trials_all_ended_goes_on_to_the_next_phase(tmp_path: Path
         assert not wait_for_no_leftovers(campaign)
     finally:
         campaign.clean()
+
+
+def test_a_phase_has_ended_when_tune_saved_every_trial_ended_done_or_not() -> None:
+    """What Tune saved when ``fit`` returned decides, not a last result marked ``done``; Tune
+    returning with a trial not ended (no stop signal: that raised before) is an error, exit 1,
+    never "interrupted"."""
+    from types import SimpleNamespace
+
+    from studies.signals import StudyIncomplete
+    from studies.tuning import check_ended
+
+    def trial(trial_id: str, status: str) -> SimpleNamespace:
+        return SimpleNamespace(trial_id=trial_id, status=status, last_result={"done": False})
+
+    check_ended([trial("a", "TERMINATED"), trial("b", "ERROR")], 2, "search lagrangian")
+    with pytest.raises(StudyIncomplete, match=r"^Tune returned with 1 trial\(s\) of search "
+                       r"lagrangian not ended \(trial b RUNNING\); run the same command again"):
+        check_ended([trial("a", "TERMINATED"), trial("b", "RUNNING")], 2, "search lagrangian")
+    with pytest.raises(StudyIncomplete, match=r"with 1 trial\(s\) of confirm not ended \(none "):
+        check_ended([trial("a", "TERMINATED")], 2, "confirm")
