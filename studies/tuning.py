@@ -210,9 +210,8 @@ def run_tuner(
     with sigint_handler_restored(lambda: session.stops.note(signal.SIGINT)):
         grid = tuner.fit()
     session.check_stop()  # Tune stopped on a stop signal and returned normally
-    trials = tune.ExperimentAnalysis(session.experiment_path(name)).trials
-    check_ended(trials, expected, title)
-    return trial_records(grid, trials, title)
+    check_ended(grid, expected, title)
+    return trial_records(grid, session.experiment_path(name), title)
 
 
 def restore_tuner(session: Session, name: str, trainable: type,
@@ -265,38 +264,36 @@ def tuner_callbacks(session: Session, name: str, phase: str, conditions: tuple[s
             EpochJsonLogger(), EpochCsvLogger()]
 
 
-def check_ended(trials: list[Any], expected: int, title: str) -> None:
-    """Every one of the ``expected`` trials ended, as Tune saved the experiment when ``fit``
-    returned (``trials``: ``ExperimentAnalysis(...).trials``, read from the storage):
-    TERMINATED (it ran its budget, ASHA stopped it, or it had ended under an earlier driver) or
-    ERROR.
+def check_ended(grid: tune.ResultGrid, expected: int, title: str) -> None:
+    """Every one of the ``expected`` trials of the Tuner ended: Tune holds it TERMINATED (it ran
+    its budget, ASHA stopped it, or it had ended under an earlier driver) or ERROR.
 
     Not whether its last result is marked ``done``: a Tune 2.60 controller restored from a
-    state saved while a trial's STOP was queued (ASHA stopped it as its last checkpoint was
-    being saved, and the driver was killed before the trial was saved as ended) stops that
-    trial again on its first result, which is not marked ``done``; the trial ended, and the
-    phase goes on. A stop signal is no business of this check: it raised Interrupted before.
+    state saved while a trial's STOP was queued (ASHA stopped it as its checkpoint was being
+    saved, and the driver was killed before the trial was saved as ended) stops that trial
+    again on its first result, which is not marked ``done``; the trial ended, and the phase
+    goes on. A stop signal is no business of this check: it raised Interrupted before.
 
     Raises:
         StudyIncomplete: Tune returned with a trial not ended and no stop signal came.
     """
-    unended = [t for t in trials if t.status not in ("TERMINATED", "ERROR")]
-    if unended or len(trials) < expected:
-        named = ", ".join(f"trial {t.trial_id} {t.status}" for t in unended[:3]) or "none started"
+    ended = grid.num_terminated + grid.num_errors
+    if ended < max(expected, len(grid)):
         raise StudyIncomplete(
-            f"Tune returned with {max(len(unended), expected - len(trials))} trial(s) of {title} "
-            f"not ended ({named}); run the same command again to continue them")
+            f"Tune returned with {max(expected, len(grid)) - ended} of {max(expected, len(grid))} "
+            f"trial(s) of {title} not ended; run the same command again to continue them")
 
 
-def trial_records(grid: tune.ResultGrid, trials: list[Any], title: str) -> list[TrialRecord]:
-    """Each trial of a finished Tuner as a :class:`TrialRecord` (``trials``: its trials as Tune
-    saved them, whose configs a result of a trial that failed before its first result lacks).
+def trial_records(grid: tune.ResultGrid, path: str, title: str) -> list[TrialRecord]:
+    """Each trial of a finished Tuner (experiment ``path``) as a :class:`TrialRecord`.
 
     Raises:
         StudyIncomplete: a trial failed outside its training (every retry): the phase is not
             done; run again, such trials continue from their checkpoints.
     """
-    configs = {str(t.path): t.config for t in trials}
+    configs = {}
+    if any(result.config is None for result in grid):  # a trial failed before its first result
+        configs = {str(t.path): t.config for t in tune.ExperimentAnalysis(path).trials}
     records = [_record(result, configs) for result in grid]
     lost = [r for r in records if r.error and not r.own_failure]
     if lost:

@@ -115,8 +115,8 @@ def test_a_rerun_whose_trials_all_ended_goes_on_to_the_next_phase(tmp_path: Path
         campaign.clean()
 
 
-def test_a_phase_has_ended_when_tune_saved_every_trial_ended_done_or_not() -> None:
-    """What Tune saved when ``fit`` returned decides, not a last result marked ``done``; Tune
+def test_a_phase_has_ended_when_tune_holds_every_trial_ended_done_or_not() -> None:
+    """Tune's trials TERMINATED or ERROR decide, not a last result marked ``done``; Tune
     returning with a trial not ended (no stop signal: that raised before) is an error, exit 1,
     never "interrupted"."""
     from types import SimpleNamespace
@@ -124,12 +124,17 @@ def test_a_phase_has_ended_when_tune_saved_every_trial_ended_done_or_not() -> No
     from studies.signals import StudyIncomplete
     from studies.tuning import check_ended
 
-    def trial(trial_id: str, status: str) -> SimpleNamespace:
-        return SimpleNamespace(trial_id=trial_id, status=status, last_result={"done": False})
+    class Grid(SimpleNamespace):  # what check_ended reads of a ResultGrid
+        def __len__(self) -> int:
+            return len(self.statuses)
 
-    check_ended([trial("a", "TERMINATED"), trial("b", "ERROR")], 2, "search lagrangian")
-    with pytest.raises(StudyIncomplete, match=r"^Tune returned with 1 trial\(s\) of search "
-                       r"lagrangian not ended \(trial b RUNNING\); run the same command again"):
-        check_ended([trial("a", "TERMINATED"), trial("b", "RUNNING")], 2, "search lagrangian")
-    with pytest.raises(StudyIncomplete, match=r"with 1 trial\(s\) of confirm not ended \(none "):
-        check_ended([trial("a", "TERMINATED")], 2, "confirm")
+    def grid(*statuses: str) -> Grid:
+        return Grid(num_terminated=statuses.count("TERMINATED"),
+                    num_errors=statuses.count("ERROR"), statuses=statuses)
+
+    check_ended(grid("TERMINATED", "ERROR"), 2, "search lagrangian")
+    with pytest.raises(StudyIncomplete, match=r"^Tune returned with 1 of 2 trial\(s\) of search "
+                       r"lagrangian not ended; run the same command again to continue them$"):
+        check_ended(grid("TERMINATED", "RUNNING"), 2, "search lagrangian")
+    with pytest.raises(StudyIncomplete, match=r"with 1 of 2 trial\(s\) of confirm not ended"):
+        check_ended(grid("TERMINATED"), 2, "confirm")
