@@ -3,6 +3,9 @@
     search lagrangian: 3 done, 2 running, 3 left; best val_rsum 188.2 (lagrangian eta=0.237);
     5m12s elapsed, about 6m40s left
 
+A trial whose steps were to be captured as CUDA graphs and fell back to eager ones (a failed
+capture, too many shapes: several times slower) is named in the line, with the reason.
+
 :class:`Progress` keeps the counts, the best score and the measured epoch times of one Tune run
 (a condition's search, or the confirmation) and writes the line; it knows nothing of Ray (the
 Tune callback that feeds it is :class:`studies.tuning.ProgressCallback`).
@@ -99,6 +102,7 @@ class Progress:
     latest: dict[str, tuple[float, str]] = field(default_factory=dict, init=False)
     epoch_seconds: dict[str, list[float]] = field(default_factory=dict, init=False)
     finished_epochs: list[int] = field(default_factory=list, init=False)
+    fell_back: dict[str, tuple[str, str]] = field(default_factory=dict, init=False)  # name, reason
 
     def __post_init__(self) -> None:
         self.started = self.clock()
@@ -111,6 +115,9 @@ class Progress:
         seconds = result.get("time_this_iter_s", result.get("epoch_time_s"))
         if isinstance(seconds, int | float) and math.isfinite(seconds) and seconds > 0:
             self.epoch_seconds.setdefault(group, []).append(float(seconds))
+        steps = result.get("steps")  # how its steps ran (studies.trainable.tune_record)
+        if isinstance(steps, Mapping) and steps.get("fell_back"):
+            self.fell_back[trial_id] = (values or trial_id, str(steps.get("reason", "")))
         self.on_score(trial_id, result, values)
 
     def on_score(self, trial_id: str, result: Mapping[str, Any], values: str) -> None:
@@ -145,6 +152,10 @@ class Progress:
         if self.best is not None:
             parts.append(f"best {self.metric} {self.best[0]:.1f}"
                          + (f" ({self.best[1]})" if self.best[1] else ""))
+        if self.fell_back:
+            named = [f"{name} ({reason[:80]})" for name, reason in self.fell_back.values()]
+            more = f" and {len(named) - 2} more" if len(named) > 2 else ""
+            parts.append("eager steps, not CUDA graphs: " + ", ".join(named[:2]) + more)
         elapsed = f"{_duration(self.clock() - self.started)} elapsed"
         rest = self.seconds_left(trials)
         if rest is None:

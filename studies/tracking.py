@@ -18,6 +18,10 @@ What a child run holds (made for comparing trials in the MLflow UI):
   the run has;
 - tags: study, phase, condition, seed, git commit, data fingerprint, Tune trial id, epochs,
   budget_complete, stopped_early and, for a failed run, ``error``: the one-line cause;
+- how its training steps ran (:class:`icr.train.StepModes`): tags ``steps.mode`` (captured as
+  CUDA graphs, eager, partly eager), ``steps.shapes`` (the shapes captured), ``steps.reason``
+  (why steps run eagerly: ``no CUDA``, a failed capture's error, ...) and ``steps.fell_back``,
+  and metrics ``steps_captured`` / ``steps_eager`` per epoch;
 - artifacts: the files of its analyses; tag ``checkpoint``: where Tune keeps its last checkpoint.
 
 The experiment carries MLflow's experiment-kind tag (``mlflow.experimentKind`` =
@@ -62,7 +66,7 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 PARENT_TAG = "mlflow.parentRunId"
 ERROR_TAG = "error"  # a failed trial's one-line cause, on its run
 MAX_PARAM_CHARS = 500  # MLflow's limit on a param value
-RECORD_KEYS = {"trajectory", "artifacts", "final"}  # the EpochReport fields beside its metrics
+RECORD_KEYS = {"trajectory", "artifacts", "final", "steps"}  # EpochReport's fields beside metrics
 # The tag MLflow 3's UI reads to choose an experiment's page (its JS bundle: "Machine learning"
 # opens the runs, "GenAI apps & agents" the traces); an experiment without it is guessed from
 # its content or asks the user, and a new empty one opens on the traces.
@@ -400,6 +404,18 @@ def epoch_metrics(result: Mapping[str, Any], now_ms: int) -> list[Metric]:
     return items
 
 
+def step_tags(result: Mapping[str, Any]) -> dict[str, str]:
+    """How a trial's steps ran (its result's ``steps``, :func:`studies.trainable.tune_record`)
+    as the run's ``steps.*`` tags; empty when the result does not say."""
+    steps = result.get("steps")
+    if not isinstance(steps, Mapping):
+        return {}
+    return {"steps.mode": str(steps.get("mode", "")),
+            "steps.shapes": "; ".join(steps.get("shapes", ())),
+            "steps.reason": str(steps.get("reason", "")),
+            "steps.fell_back": str(bool(steps.get("fell_back"))).lower()}
+
+
 def checkpoint_location(checkpoint: Any, storage_root: str = "") -> str:
     """Where a Tune checkpoint is, as ``tune.Checkpoint(location)`` reads it on any node (the
     ``checkpoint`` tag of a run, for ensembles and analyses): its folder on a local or shared
@@ -431,9 +447,10 @@ class MlflowTrialCallback(Callback):
         self.max_epochs = dict(max_epochs)  # per condition: a trial's full budget in epochs
         self._runs: dict[str, str] = {}
         self._last_epoch: dict[str, int] = {}
+        self._step_tags: dict[str, dict[str, str]] = {}  # run id -> its steps.* tags written
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_runs": {}, "_last_epoch": {}}
+        return {**self.__dict__, "_runs": {}, "_last_epoch": {}, "_step_tags": {}}
 
     def run_id(self, trial: Any) -> str:
         if trial.trial_id not in self._runs:
@@ -466,6 +483,10 @@ class MlflowTrialCallback(Callback):
             return
         self.tracker.log_batch(run_id, epoch_metrics(result, int(time.time() * 1000)))
         self._last_epoch[run_id] = epoch
+        tags = step_tags(result)
+        if tags and tags != self._step_tags.get(run_id):  # written when they change
+            self.tracker.set_tags(run_id, tags)
+            self._step_tags[run_id] = tags
 
     def on_checkpoint(self, iteration: int, trials: list, trial: Any, checkpoint: Any, **info: Any) -> None:
         """An epoch reported with a checkpoint, recorded once Tune has saved the checkpoint.

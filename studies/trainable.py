@@ -61,9 +61,17 @@ class TrialJob:
 
 
 def tune_record(report: EpochReport) -> dict[str, Any]:
-    """An :class:`EpochReport` as a Tune result (its metrics at the top, for ASHA and Optuna)."""
-    return {**report.metrics, "trajectory": list(report.trajectory),
-            "artifacts": list(report.artifacts), "final": report.final}
+    """An :class:`EpochReport` as a Tune result (its metrics at the top, for ASHA and Optuna);
+    how its steps ran as ``steps_captured`` / ``steps_eager`` and ``steps`` (mode, shapes,
+    reason, fell_back)."""
+    record = {**report.metrics, "trajectory": list(report.trajectory),
+              "artifacts": list(report.artifacts), "final": report.final}
+    if report.steps is not None:
+        s = report.steps
+        record.update(steps_captured=s.captured, steps_eager=s.eager,
+                      steps={"mode": s.mode, "shapes": list(s.shapes), "reason": s.reason,
+                             "fell_back": s.fell_back})
+    return record
 
 
 def run_trial(trial_config: dict[str, Any], *, job: TrialJob, fit: FitFn | None = None) -> None:

@@ -27,7 +27,7 @@ from typing import Any
 
 from icr.config import ExperimentConfig, to_flat
 from icr.errors import TrainingError
-from icr.train.seam import EpochReport, FitResult
+from icr.train.seam import EAGER, EpochReport, FitResult, StepModes
 from icr.train.tasks import Prepared
 
 STEPS_PER_EPOCH = 20
@@ -115,7 +115,9 @@ class FakeFit:
             (checkpoint / "state.json").write_text(json.dumps(
                 {"epoch": epoch + 1, "history": history, "trajectory": trajectory}))
             if reporter is not None:
-                reporter(EpochReport(epoch + 1, dict(metrics), tuple(rows), checkpoint, (), final))
+                steps = StepModes(EAGER, eager=len(rows), reason="no CUDA")  # as fit on a CPU
+                reporter(EpochReport(epoch + 1, dict(metrics), tuple(rows), checkpoint, (), final,
+                                     steps))
             self._record(record, epochs_run=epoch + 1 - start)  # after the epoch was reported
         best = max(history, key=lambda h: h["val_rsum"]) if history else {"epoch": 0}
         test = {k[5:]: v for k, v in history[-1].items() if k.startswith("test_")} if history else {}

@@ -17,6 +17,7 @@ from icr.config import LossConfig, from_flat
 from icr.losses import LOSSES, loss_from_config
 from icr.train.graphs import GraphedStep
 from icr.train.retrieval import RetrievalTask
+from icr.train.seam import StepModes
 from icr.train.tasks import build_task
 
 CPU = torch.device("cpu")
@@ -276,3 +277,211 @@ def test_a_step_s_graph_is_kept_under_what_the_step_computes(workspace):
     task.net.train()
     task._loss_fn = task.warmup_loss_fn = object()  # a loss's warm-up form
     assert task._step_key() != trained
+
+
+# -- what a run says of its steps (StepModes) ----------------------------------------------------
+
+
+def test_the_modes_count_each_epoch_s_replays_and_eager_steps_and_name_the_shapes():
+    runner, _ = _runner(warmup=2)
+    for _ in range(4):
+        runner("a", {"x": torch.ones(3), "y": torch.ones(2, 5)})
+    runner("a", {"x": torch.ones(3), "y": torch.ones(2, 7)})  # a new shape: an eager warm-up
+    modes = runner.take_modes()
+    assert (modes.mode, modes.captured, modes.eager) == ("captured", 2, 3)
+    assert modes.shapes == ("x 3, y 2x5",) and not modes.fell_back and modes.reason == ""
+    runner("a", {"x": torch.ones(3), "y": torch.ones(2, 7)})
+    runner("a", {"x": torch.ones(3), "y": torch.ones(2, 7)})  # captured: its first replay
+    runner("a", {"x": torch.ones(3), "y": torch.ones(2, 5)})
+    modes = runner.take_modes()  # counts since the last call; the shapes that tell graphs apart
+    assert (modes.captured, modes.eager) == (2, 1) and modes.shapes == ("y 2x5", "y 2x7")
+
+
+def test_shapes_beyond_the_graphs_kept_make_the_run_partly_eager_and_say_why():
+    runner, _ = _runner(warmup=0, max_graphs=1)
+    runner("a", {"x": torch.ones(2)})
+    runner("a", {"x": torch.ones(3)})
+    modes = runner.take_modes()
+    assert (modes.mode, modes.captured, modes.eager, modes.fell_back) == ("partly eager", 1, 1, True)
+    assert modes.reason.startswith("more than 1 input shapes")
+
+
+def test_a_failed_capture_makes_the_run_eager_and_its_modes_carry_the_error():
+    def fussy(inputs):
+        if Recording.active is not None:
+            raise RuntimeError("operation not permitted when stream is capturing\nmore")
+        return _double(inputs)
+
+    runner, _ = _runner(fussy, warmup=1)
+    for _ in range(3):
+        runner("a", {"x": torch.ones(2)})
+    modes = runner.take_modes()
+    assert (modes.mode, modes.captured, modes.eager, modes.fell_back) == ("eager", 0, 3, True)
+    assert modes.reason == "capture failed: operation not permitted when stream is capturing"
+
+
+def test_a_step_never_meant_to_be_captured_is_eager_without_a_fallback():
+    runner = GraphedStep(_double, enabled=False, eager_reason="no CUDA")
+    runner("a", {"x": torch.ones(2)})
+    assert runner.take_modes() == StepModes("eager", 0, 1, (), "no CUDA", False)
+
+
+# -- replay equals eager over a run's schedule --------------------------------------------------
+
+REPLAY = {**TINY, "train.swa": True, "train.swa_bn_batches": 2, "train.warmup_epochs": 2,
+          "train.finetune_epochs": 2, "optim.grad_clip": 0.5, "optim.finetune_lr_factor": 0.1,
+          "optim.name": "adamp"}  # adamp: torch's capturable Adam runs on CUDA alone
+
+
+def _state_tensors(task) -> list[torch.Tensor]:
+    """Every tensor a training step changes: weights and buffers, the optimisers' states and
+    learning rates, the objective's (the Lagrange multiplier and its optimiser)."""
+    found: list[torch.Tensor] = []
+
+    def walk(value) -> None:
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif isinstance(value, dict):
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, list | tuple):
+            for item in value:
+                walk(item)
+
+    optimizers = [task.optimizer]
+    modules = [task.net]
+    multiplier = getattr(task.objective, "multiplier", None)
+    if multiplier is not None:
+        modules.append(multiplier)
+        optimizers.append(multiplier.optimizer)
+    for module in modules:
+        found += [*module.parameters(), *module.buffers()]
+    for optimizer in optimizers:
+        walk(list(optimizer.state.values()))
+        walk([group["lr"] for group in optimizer.param_groups])
+    return found
+
+
+def _capture_without_running(task):
+    """torch.cuda.graph on the CPU: the step runs (to make its output tensors) and everything it
+    changed is put back, as a capture records without running; the graph (:class:`Recording`)
+    then re-runs the step at each replay."""
+
+    @contextmanager
+    def capture(graph, pool=None, capture_error_mode="global"):
+        tensors = _state_tensors(task)
+        saved, rng = [t.detach().clone() for t in tensors], torch.get_rng_state()
+        with record(graph, pool, capture_error_mode):
+            yield
+        with torch.no_grad():
+            for tensor, value in zip(tensors, saved, strict=True):
+                tensor.copy_(value)
+        torch.set_rng_state(rng)
+
+    return capture
+
+
+def _replay_task(workspace, device: torch.device, graphs: bool, monkeypatch):
+    """ltd_bound's step (L_lag, the LTD decoder; AdamP, the LTD reference's) on the tiny
+    preset, static shapes; with ``graphs`` its steps go through GraphedStep: CUDA graphs on
+    CUDA, the stand-in on the CPU."""
+    import icr.train.retrieval as retrieval
+
+    flat = {**GPU_TRIAL.arch_config("ltd_bound"), **REPLAY, "train.device": device.type,
+            "train.cuda_graphs": graphs, "train.deterministic": True}
+    config = from_flat(flat)
+    built = build_task(config, workspace, device)
+    torch.manual_seed(0)
+    with monkeypatch.context() as patch:
+        if graphs and device.type == "cpu":  # the optimisers as a captured run builds them
+            patch.setattr(retrieval, "why_eager", lambda *args: "")
+        task = RetrievalTask(config, built.prepared, device, built.cache, static_shapes=True)
+    if graphs and device.type == "cpu":
+        task.step_runner = GraphedStep(recorded(task._step), enabled=True, new_graph=Recording,
+                                       capture=_capture_without_running(task),
+                                       on_failed_capture=task.objective.discard_pending)
+    return task
+
+
+def _train(task) -> tuple[list, list, list]:
+    means, rows, lrs = [], [], []
+    for epoch in range(task.epochs):
+        means.append(task.train_epoch(epoch))
+        rows += task.take_trajectory()
+        lrs.append(task.metrics())
+    return means, rows, lrs
+
+
+def _replay_devices():
+    yield pytest.param(CPU, id="cpu-stand-in")
+    # on an H200 (torch 2.11, bfloat16 autocast) the weights, logged values, lambda and lr
+    # agreed after 100 steps, and AdamP's first moment of one parameter did not: not yet
+    # understood (docs/gpu.md)
+    yield pytest.param(torch.device("cuda"), id="cuda", marks=[
+        pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"),
+        pytest.mark.xfail(reason="AdamP's exp_avg of one parameter differed on an H200",
+                          strict=False)])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", _replay_devices())
+def test_replayed_steps_train_as_eager_steps_do_over_a_whole_schedule(device, workspace,
+                                                                      monkeypatch):
+    """100 steps (4 epochs of 25): the warm-up epochs (backbone frozen, the lr's first cosine),
+    the fine-tune epochs (everything trained at lr x 0.1, the second cosine), SWA snapshots at
+    each epoch's end and gradient clipping, once through GraphedStep and once eagerly: the
+    same weights, optimiser state, multiplier and logged values."""
+    graphed = _replay_task(workspace, device, True, monkeypatch)
+    eager = _replay_task(workspace, device, False, monkeypatch)
+    assert graphed.steps_per_epoch * graphed.epochs >= 50
+    got, want = _train(graphed), _train(eager)
+    modes = graphed.step_modes()
+    assert modes.mode == "captured" and modes.captured > modes.eager > 0, modes
+    assert eager.step_modes().captured == 0
+    tol = {"atol": 1e-5, "rtol": 1e-4} if device.type == "cpu" else {"atol": 2e-3, "rtol": 2e-2}
+    for (mean, rows, lrs), (mean_e, rows_e, lrs_e) in [(got, want)]:
+        assert [sorted(m) for m in mean] == [sorted(m) for m in mean_e]
+        assert [[r["step"] for r in rows]] == [[r["step"] for r in rows_e]]
+        torch.testing.assert_close([[m[k] for k in sorted(m)] for m in mean],
+                                   [[m[k] for k in sorted(m)] for m in mean_e], **tol)
+        torch.testing.assert_close([[r[k] for k in sorted(r)] for r in rows],
+                                   [[r[k] for k in sorted(r)] for r in rows_e], **tol)
+        torch.testing.assert_close([[m[k] for k in sorted(m)] for m in lrs],
+                                   [[m[k] for k in sorted(m)] for m in lrs_e], **tol)
+    for (name, value), (_, expected) in zip(graphed.net.state_dict().items(),
+                                            eager.net.state_dict().items(), strict=True):
+        torch.testing.assert_close(value.float(), expected.float(), **tol,
+                                   msg=lambda text, name=name: f"{name}: {text}")
+    state = graphed.optimizer.state_dict()["state"]
+    for index, expected in eager.optimizer.state_dict()["state"].items():
+        for key, value in expected.items():  # a captured run keeps its step counts as tensors
+            torch.testing.assert_close(torch.as_tensor(state[index][key]).float().cpu(),
+                                       torch.as_tensor(value).float().cpu(), **tol,
+                                       msg=lambda text, where=f"{index} {key}": f"{where}: {text}")
+    torch.testing.assert_close(graphed.objective.multiplier.value, eager.objective.multiplier.value,
+                               **tol)
+
+
+def test_the_learning_rate_a_graph_reads_is_filled_in_place_by_the_schedule(workspace,
+                                                                            monkeypatch):
+    """A captured step reads each group's lr tensor by its memory: every scheduler.step() must
+    write the schedule's rate into that same tensor (a scheduler that assigned group["lr"]
+    would leave the graphs on the old rate while the logged lr moved)."""
+    task = _replay_task(workspace, CPU, True, monkeypatch)
+    tensors = [group["lr"] for group in task.optimizer.param_groups]
+    assert all(isinstance(t, torch.Tensor) for t in tensors)
+    base = [float(t) for t in tensors]
+    factor = task.scheduler.lr_lambdas[0]
+    for step in range(1, task.steps_per_epoch * task.epochs + 1):
+        task.scheduler.step()
+        for group, tensor, lr in zip(task.optimizer.param_groups, tensors, base, strict=True):
+            assert group["lr"] is tensor, step
+            assert float(tensor) == pytest.approx(lr * factor(step), rel=1e-6, abs=1e-12), step
+
+
+def test_a_run_whose_steps_were_all_warm_ups_says_so():
+    runner, _ = _runner(warmup=3)
+    runner("a", {"x": torch.ones(2)})
+    modes = runner.take_modes()
+    assert (modes.mode, modes.captured, modes.eager, modes.fell_back) == ("eager", 0, 1, False)
+    assert modes.reason.startswith("warm-up")

@@ -204,3 +204,17 @@ def test_in_a_terminal_the_status_is_a_bar_and_the_trial_lines_pass_above_it(cap
     assert out.rstrip().splitlines() == [
         "  trial a [lagrangian eta=0.25]: 2 epoch(s), val_rsum 190.00 (full budget)"]
     assert "search lagrangian 1/2 trials" in err and "best val_rsum 190.0 (lagrangian eta=0.25)" in err
+
+
+def test_a_trial_whose_steps_fell_back_to_eager_ones_is_named_with_the_reason() -> None:
+    progress = Progress("search lagrangian", expected=4, max_epochs=4, metric="val_rsum",
+                        clock=Clock())
+    eager = {"mode": "eager", "reason": "no CUDA", "fell_back": False}  # a CPU trial: as meant
+    failed = {"mode": "eager", "reason": "capture failed: operation not permitted",
+              "fell_back": True}
+    progress.on_result("a", {"epoch": 1, "val_rsum": 150.0, "steps": eager}, "lagrangian eta=0.1")
+    assert "eager steps" not in progress.line([TrialView("a", RUNNING, 1)])
+    progress.on_result("b", {"epoch": 1, "val_rsum": 140.0, "steps": failed}, "lagrangian eta=0.2")
+    line = progress.line([TrialView("a", RUNNING, 1), TrialView("b", RUNNING, 1)])
+    assert ("eager steps, not CUDA graphs: lagrangian eta=0.2 (capture failed: operation not "
+            "permitted)") in line

@@ -91,3 +91,14 @@ def test_resuming_reports_only_the_epochs_after_the_checkpoint(fitted):
     assert again.history[-1]["val_rsum"] == pytest.approx(result.history[-1]["val_rsum"], rel=1e-5)
     assert len(again.history) == config.epochs and again.best_epoch == result.best_epoch
     assert isinstance(again.checkpoint_dir, Path)
+
+
+def test_each_record_says_how_its_epoch_s_steps_ran(fitted):
+    """On the CPU every step is eager, and the record says why (no CUDA): nothing fell back.
+    trajectory_every=1, so an epoch's rows count its steps."""
+    _, reports, _, _, _, _ = fitted
+    for report in reports:
+        steps = report.steps
+        assert (steps.mode, steps.reason, steps.fell_back, steps.captured) == \
+            ("eager", "no CUDA", False, 0)
+        assert steps.eager == len(report.trajectory) > 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -40,6 +41,18 @@ def test_smoke_runs_the_whole_pipeline(tmp_path: Path) -> None:
         assert (report / figure).stat().st_size > 1000
     run_dir = next((tmp_path / "ray" / "ltd_bound-smoke").iterdir())
     assert json.loads((run_dir / "state.json").read_text())["phase"] == "done"
+    # every trial's MLflow run says how its steps ran: on the CPU eagerly, as meant (no CUDA)
+    db = sqlite3.connect(tmp_path / "mlflow.db")
+    trials_ = [r for (r,) in db.execute("select run_uuid from tags where key = 'icr.role' "
+                                        "and value = 'trial'")]
+    assert len(trials_) >= 6
+    for run in trials_:
+        tags = dict(db.execute("select key, value from tags where run_uuid = ?", (run,)))
+        assert (tags["steps.mode"], tags["steps.reason"], tags["steps.fell_back"]) == \
+            ("eager", "no CUDA", "false")
+        eager = db.execute("select min(value) from metrics where run_uuid = ? and key = "
+                           "'steps_eager'", (run,)).fetchone()[0]
+        assert eager is not None and eager > 0
 
 
 @pytest.mark.slow

@@ -32,6 +32,7 @@ from studies.tracking import (
     Tracker,
     check_store,
     epoch_metrics,
+    step_tags,
 )
 from studies.trials import KEY, TrialSpec, run_name, trial_label
 
@@ -483,3 +484,27 @@ def test_a_store_shared_by_workspaces_keeps_each_one_s_locations(tmp_path, monke
     second = Tracker(store, "first", tmp_path / "two" / "mlartifacts")
     assert second.experiment_id == first.experiment_id
     assert second.client.get_experiment(first.experiment_id).artifact_location == location
+
+
+def test_a_run_says_how_its_steps_ran_and_when_they_fell_back(tracker):
+    """The steps' mode (studies.trainable.tune_record's ``steps``) as the run's tags, written
+    again when it changes (a capture that failed in epoch 2), and the counts as metrics."""
+    parent = tracker.create_run("study", {"icr.role": "study"})
+    callback = MlflowTrialCallback(tracker, parent, {"study": "t"}, {"lag": "fp"}, {"lag": 3})
+    trial = SimpleNamespace(trial_id="t0", config=_trial_config(0.1), last_result=None)
+    captured = {"mode": "captured", "shapes": ["tokens 128x16", "tokens 128x24"], "reason": "",
+                "fell_back": False}
+    failed = {"mode": "eager", "shapes": [], "reason": "capture failed: operation not permitted",
+              "fell_back": True}
+    for epoch, steps, counts in ((1, captured, (94, 6)), (2, failed, (0, 100))):
+        callback.on_trial_result(0, [trial], trial, {
+            "epoch": epoch, "val_rsum": 100.0, "trajectory": [], "artifacts": [], "final": False,
+            "steps": steps, "steps_captured": counts[0], "steps_eager": counts[1]})
+        tags = tracker.client.get_run(callback.run_id(trial)).data.tags
+        assert tags["steps.mode"] == steps["mode"] and tags["steps.reason"] == steps["reason"]
+        assert tags["steps.fell_back"] == str(steps["fell_back"]).lower()
+    assert tracker.flush() == 0
+    history = tracker.client.get_metric_history(callback.run_id(trial), "steps_eager")
+    assert sorted((m.step, m.value) for m in history) == [(1, 6.0), (2, 100.0)]
+    assert step_tags({"epoch": 1}) == {}
+    assert step_tags({"steps": captured})["steps.shapes"] == "tokens 128x16; tokens 128x24"

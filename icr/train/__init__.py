@@ -1,7 +1,7 @@
 """Training: ``fit`` (the seam to the platform), the tasks it trains, checkpoints, evaluation.
 
 - :mod:`icr.train.seam`: :class:`EpochReport`, the one record per epoch that crosses to the
-  platform, and :class:`FitResult`;
+  platform (with :class:`StepModes`: how its steps ran), and :class:`FitResult`;
 - :mod:`icr.train.loop`: ``fit`` and ``load_trained``, for every task;
 - :mod:`icr.train.tasks`: the task protocol and registry (retrieval here, grounding in
   :mod:`icr.grounding`);
@@ -13,7 +13,7 @@
 
 from icr.train.checkpoint import find_checkpoint
 from icr.train.loop import fit, load_run, load_trained, resolve_device
-from icr.train.seam import EpochReport, FitResult, Reporter
+from icr.train.seam import EpochReport, FitResult, Reporter, StepModes
 
-__all__ = ["EpochReport", "FitResult", "Reporter", "find_checkpoint", "fit", "load_run", "load_trained",
-           "resolve_device"]
+__all__ = ["EpochReport", "FitResult", "Reporter", "StepModes", "find_checkpoint", "fit", "load_run",
+           "load_trained", "resolve_device"]

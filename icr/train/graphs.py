@@ -32,7 +32,9 @@ graphs) carries values from one step to the next. Other threads may use CUDA dur
 (``capture_error_mode="thread_local"``): the thread that prefetches host rows of a split too
 large for the device pins and copies them on its own stream meanwhile. A capture that fails (an op that cannot be
 captured) logs why and the step stays eager from then on; ``train.cuda_graphs=false`` runs eagerly
-from the start.
+from the start. Either way the run says so: :meth:`GraphedStep.take_modes` is the epoch's
+:class:`~icr.train.seam.StepModes` (steps replayed and eager, the shapes captured, the reason for
+eager steps), which each epoch's report carries to the platform (MLflow, the status line).
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ from typing import Any
 
 import torch
 from torch import Tensor
+
+from icr.train.seam import CAPTURED, EAGER, PARTLY_EAGER, StepModes
 
 __all__ = ["GraphedStep", "StepFn"]
 
@@ -77,15 +81,19 @@ class GraphedStep:
         on_failed_capture: called when a capture fails, before the step runs eagerly: what the
             recorded (never run) step left in Python state must go (an objective's pending
             terms).
+        eager_reason: why ``enabled`` is ``False`` (``no CUDA``, ``train.cuda_graphs=false``),
+            for :meth:`take_modes`.
     """
 
     def __init__(
         self, step: StepFn, *, enabled: bool, warmup: int = 3, max_graphs: int = 16,
         new_graph: Callable[[], Any] | None = None, capture: Callable[..., Any] | None = None,
-        on_failed_capture: Callable[[], None] = lambda: None,
+        on_failed_capture: Callable[[], None] = lambda: None, eager_reason: str = "",
     ) -> None:
         self.step, self.enabled, self.warmup, self.max_graphs = step, enabled, warmup, max_graphs
         self.on_failed_capture = on_failed_capture
+        self.reason = "" if enabled else (eager_reason or "capture off")
+        self.fell_back = False  # steps meant to be captured run eagerly (see reason)
         self._new_graph = new_graph or torch.cuda.CUDAGraph
         self._capture_context = capture or torch.cuda.graph
         self._graphs: dict[Hashable, _Graph] = {}
@@ -93,7 +101,8 @@ class GraphedStep:
         self._inputs: dict[tuple[str, tuple[int, ...], torch.dtype], Tensor] = {}  # shared
         self.captured = 0  # graphs captured so far
         self.eager_calls = 0  # steps run eagerly (warm-up, fallback, or disabled)
-
+        self.replays = 0  # steps replayed from a graph
+        self._taken = (0, 0)  # (replays, eager_calls) at the last take_modes
     def __call__(self, key: Hashable, inputs: dict[str, Tensor]) -> dict[str, Tensor]:
         """One step on ``inputs``; ``key`` names what else the step's computation depends on."""
         if not self.enabled:
@@ -102,19 +111,44 @@ class GraphedStep:
         entry = self._graphs.get(signature)
         if entry is None:
             if self.captured >= self.max_graphs:
-                return self._eager(inputs)
+                return self._beyond_max_graphs(inputs)
             entry = self._graphs[signature] = _Graph()
         if entry.graph is None:
             if entry.calls < self.warmup:
                 entry.calls += 1
                 return self._eager(inputs, side_stream=True)
             # shapes that began their warm-up together may have filled the graphs meanwhile
-            if self.captured >= self.max_graphs or not self._capture(entry, inputs):
+            if self.captured >= self.max_graphs:
+                return self._beyond_max_graphs(inputs)
+            if not self._capture(entry, inputs):
                 return self._eager(inputs)
         for name, tensor in inputs.items():
             entry.inputs[name].copy_(tensor, non_blocking=True)
         entry.graph.replay()
+        self.replays += 1
         return {name: tensor.clone() for name, tensor in entry.outputs.items()}
+
+    def take_modes(self) -> StepModes:
+        """How the steps since the last call ran, and the run's state now (module docstring)."""
+        replays, eager = self.replays - self._taken[0], self.eager_calls - self._taken[1]
+        self._taken = (self.replays, self.eager_calls)
+        mode = EAGER if not self.enabled else PARTLY_EAGER if self.fell_back else CAPTURED
+        reason = self.reason
+        if mode == CAPTURED and not self.captured:  # a short run: every step was a warm-up
+            mode, reason = EAGER, f"warm-up: each shape is captured after {self.warmup} eager steps"
+        return StepModes(mode, replays, eager, self.shapes(), reason, self.fell_back)
+
+    def shapes(self) -> tuple[str, ...]:
+        """The captured graphs' input shapes, each as the inputs that tell the graphs apart
+        (``tokens 128x16``; every input's while one shape is captured), in capture order."""
+        captured = [{name: shape for name, shape, _ in inputs}
+                    for (_, inputs), entry in self._graphs.items() if entry.graph is not None]
+        if not captured:
+            return ()
+        names = [name for name in captured[0] if len({c.get(name) for c in captured}) > 1]
+        described = (", ".join(f"{name} {'x'.join(map(str, c[name])) or 'scalar'}"
+                               for name in names or captured[0] if name in c) for c in captured)
+        return tuple(dict.fromkeys(described))  # graphs of one shape under two keys: once
 
     def reset(self) -> None:
         """Forget every graph: the state they read was replaced (a checkpoint loaded into the
@@ -132,6 +166,14 @@ class GraphedStep:
         else:
             self._inputs[slot].copy_(like)
         return self._inputs[slot]
+
+    def _beyond_max_graphs(self, inputs: dict[str, Tensor]) -> dict[str, Tensor]:
+        if not self.fell_back:
+            self.fell_back = True
+            self.reason = (f"more than {self.max_graphs} input shapes: the shapes beyond them "
+                           "run eagerly")
+            log.warning("the training step has %s", self.reason)
+        return self._eager(inputs)
 
     def _eager(self, inputs: dict[str, Tensor], side_stream: bool = False) -> dict[str, Tensor]:
         self.eager_calls += 1
@@ -169,10 +211,11 @@ class GraphedStep:
                 torch.cuda.set_stream(stream)
                 torch.cuda.synchronize()
             self.on_failed_capture()
-            self.enabled = False
+            self.enabled, self.fell_back = False, True
             self._graphs.clear()
             self._inputs.clear()
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            self.reason = f"capture failed: {reason}"
             log.warning("the training step cannot be captured as a CUDA graph (%s); it runs "
                         "eagerly (train.cuda_graphs=false skips the attempt)", reason)
             return False

@@ -95,6 +95,7 @@ def fit(
         start = time.perf_counter()
         metrics: dict[str, float] = {"epoch": epoch + 1, **task.train_epoch(epoch, progress)}
         rows = task.take_trajectory()
+        steps = task.step_modes() if hasattr(task, "step_modes") else None  # optional (Task)
         val = task.evaluate("val")
         metrics.update({f"val_{k}": v for k, v in val.items()})
         metrics.update(task.metrics())
@@ -118,7 +119,8 @@ def fit(
         save_checkpoint(checkpoint, _checkpoint_state(config, task, state), best,
                         root / ARTIFACTS if artifacts else None)
         if reporter is not None:
-            reporter(EpochReport(epoch + 1, dict(metrics), tuple(rows), checkpoint, artifacts, final))
+            reporter(EpochReport(epoch + 1, dict(metrics), tuple(rows), checkpoint, artifacts, final,
+                                 steps))
     return _result(state, task, checkpoint)
 
 

@@ -63,6 +63,7 @@ from icr.train.recipe import (
     swa_snapshot_steps,
 )
 from icr.train.retrieval_data import RetrievalInputs, prepare_data
+from icr.train.seam import StepModes
 from icr.train.step_log import StepLog
 from icr.train.tasks import TASKS, Prepared
 from icr.train.timing import StepTimer
@@ -94,10 +95,11 @@ class RetrievalTask:
         cache: Path | None = None, static_shapes: bool | None = None,
     ) -> None:
         """``static_shapes``: static-shape batches and model paths (default: when the steps are
-        captured as CUDA graphs, :func:`captures_steps`; a CPU test asks for them)."""
+        captured as CUDA graphs, :func:`why_eager`; a CPU test asks for them)."""
         self.config, self.device, self.cache = config, device, cache
         self.precision = Precision.of(config.train.amp, device, config.train.amp_dtype)
-        self.graphs = captures_steps(config, device, self.precision)
+        self.eager_reason = why_eager(config, device, self.precision)
+        self.graphs = not self.eager_reason
         self.static_shapes = self.graphs if static_shapes is None else static_shapes
         # the keys an error inside a step names, with their values (the loss's own options)
         self.step_keys = used_values(config, ("loss.", "objective.", "optim."))
@@ -137,7 +139,8 @@ class RetrievalTask:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
         self.scaler = self.precision.scaler()
         self.step_runner = GraphedStep(self._step, enabled=self.graphs,
-                                       on_failed_capture=self.objective.discard_pending)
+                                       on_failed_capture=self.objective.discard_pending,
+                                       eager_reason=self.eager_reason)
         self._loss_fn = self.loss_fn  # the epoch's L_con (train_step sets it)
         self.global_step = 0
         self._rows: list[dict[str, float]] = []
@@ -324,6 +327,10 @@ class RetrievalTask:
         rows, self._rows = self._rows, []
         return rows
 
+    def step_modes(self) -> StepModes:
+        """How the steps since the last call ran: captured or eager, and why."""
+        return self.step_runner.take_modes()
+
     def _swap_in(self, averaged: AveragedModel, epoch: int) -> None:
         """Copy the SWA average into the model and recompute BatchNorm statistics."""
         with torch.no_grad():
@@ -400,15 +407,18 @@ class RetrievalTask:
 _TERM = "term:"  # the prefix of a logged term among a step's outputs
 
 
-def captures_steps(config: ExperimentConfig, device: torch.device, precision: Precision) -> bool:
-    """Whether a run's steps are captured as CUDA graphs: on CUDA with ``train.cuda_graphs``,
-    unless float16 needs loss scaling (the scaler skips steps on the host's word)."""
-    if not (config.train.cuda_graphs and device.type == "cuda"):
-        return False
+def why_eager(config: ExperimentConfig, device: torch.device, precision: Precision) -> str:
+    """Why a run's steps are not captured as CUDA graphs; empty when they are (on CUDA with
+    ``train.cuda_graphs``, unless float16 needs loss scaling: the scaler skips steps on the
+    host's word)."""
+    if device.type != "cuda":
+        return "no CUDA"
+    if not config.train.cuda_graphs:
+        return "train.cuda_graphs=false"
     if precision.scales_loss:
         log.info("train.cuda_graphs: float16 with loss scaling is not captured; eager steps")
-        return False
-    return True
+        return "float16 with loss scaling"
+    return ""
 
 
 class StepOutput(NamedTuple):

@@ -15,6 +15,37 @@ from pathlib import Path
 
 TrajectoryRow = dict[str, float]  # {"step": global step, "epoch": 1-based, "loss": ..., ...}
 
+CAPTURED, EAGER, PARTLY_EAGER = "captured", "eager", "partly eager"
+
+
+@dataclass(frozen=True)
+class StepModes:
+    """How a run's training steps ran: replays of CUDA graphs or eager calls
+    (:class:`icr.train.graphs.GraphedStep`).
+
+    Attributes:
+        mode: ``captured`` (every step a replay, but the few eager warm-up steps of each new
+            shape), ``eager`` (no step is captured) or ``partly eager`` (the shapes beyond the
+            graphs kept run eagerly); the run's state after the epoch.
+        captured: steps of the epoch replayed from a graph.
+        eager: steps of the epoch run eagerly (warm-up steps of a new shape included).
+        shapes: the input shapes of the graphs captured so far (``tokens 128x16``: the inputs
+            whose shape tells the graphs apart).
+        reason: why steps run eagerly: ``no CUDA``, ``train.cuda_graphs=false``, ``float16 with
+            loss scaling``, ``warm-up: ...`` (no shape has had its eager warm-up steps yet: a
+            run of a few steps), or a fallback's cause (a failed capture's error, too many
+            shapes); empty when every step is captured.
+        fell_back: the steps were to be captured and some are not (a failed capture, too many
+            shapes): the run is slower than its configuration promised.
+    """
+
+    mode: str
+    captured: int = 0
+    eager: int = 0
+    shapes: tuple[str, ...] = ()
+    reason: str = ""
+    fell_back: bool = False
+
 
 @dataclass(frozen=True)
 class EpochReport:
@@ -35,6 +66,7 @@ class EpochReport:
         artifacts: files inside ``checkpoint`` (relative paths) that the run's analyses wrote and
             the platform should keep with the run (tables, figures).
         final: this is the run's last epoch.
+        steps: how the epoch's training steps ran (``None``: a task that does not say).
     """
 
     epoch: int
@@ -43,6 +75,7 @@ class EpochReport:
     checkpoint: Path | None = None
     artifacts: tuple[str, ...] = ()
     final: bool = False
+    steps: StepModes | None = None
 
 
 Reporter = Callable[[EpochReport], None]

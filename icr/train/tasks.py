@@ -46,6 +46,9 @@ class Task(Protocol):
     def take_trajectory(self) -> list[dict[str, float]]:
         """The per-step rows recorded since the last call (and forget them)."""
 
+    # Optional: ``step_modes() -> StepModes``, how the steps since its last call ran (captured
+    # as CUDA graphs or eager, and why); the loop puts it in the epoch's report when the task has it.
+
     def evaluate(self, split: str) -> dict[str, float]:
         """Every metric of ``split`` with the current weights."""
 
