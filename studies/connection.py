@@ -18,6 +18,7 @@ that cannot add one runs CPU trials, and says so.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import socket
@@ -104,6 +105,13 @@ class Growth:
             return math.inf
         head = self.head[1] if resource == "gpus" else self.head[0]
         return head + sum(getattr(kind, resource) * (count or 0) for kind, count in nodes)
+
+    def most_workers(self) -> float:
+        """The most worker nodes the autoscaler can run at once, all types together
+        (``math.inf`` when neither the types nor the cluster set a limit)."""
+        each = sum(math.inf if kind.max_workers is None else kind.max_workers
+                   for kind in self.node_types)
+        return each if self.max_workers is None else min(each, self.max_workers)
 
     def describe(self, resource: str) -> str:
         """The fullest workers in words, e.g. "worker_gpu4 x2, worker_gpu1 x6"."""
@@ -201,6 +209,28 @@ class Cluster:
         if self.growth.stated_gpus is not None:
             return int(most)
         return self.gpus if math.isinf(most) else int(max(self.gpus, most))
+
+    @property
+    def reachable_nodes(self) -> float:
+        """The most nodes the cluster can have at once: those alive now, or its head and the
+        most workers its autoscaler runs (``math.inf`` without a limit), whichever is more; with
+        ``--gpus N`` above the GPUs it has now, at least one more (a node does not gain GPUs:
+        new nodes bring them)."""
+        if self.growth is None:
+            return self.nodes
+        if self.growth.stated_gpus is not None:
+            return self.nodes + (1 if self.growth.stated_gpus > self.gpus else 0)
+        return max(self.nodes, 1 + self.growth.most_workers())
+
+    @property
+    def reachable_hosts(self) -> int | None:
+        """The machines the nodes it can reach run on: one when its head is at a loopback
+        address (a node elsewhere cannot join it: Ray's fake autoscaler, several nodes started
+        on one machine), those of the nodes alive now when it cannot grow, else unknown."""
+        parsed = host_port(self.address)
+        if parsed is not None and _is_loopback(parsed[0]):
+            return 1
+        return self.hosts if self.reachable_nodes == self.nodes else None
 
     @property
     def reachable_cpus(self) -> int:
@@ -432,6 +462,15 @@ def host_port(address: str) -> tuple[str, int] | None:
     if not colon or not host or not port.isdigit():
         return None
     return host, int(port)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name
+        return False
 
 
 def _gcs_answer(host: str, port: int, timeout: float) -> str:

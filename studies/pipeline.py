@@ -37,7 +37,13 @@ from studies.session import (
 )
 from studies.signals import StopSignals, StudyIncomplete, stop_signals_ignored
 from studies.storage import check_storage
-from studies.tracking import PARENT_TAG, Tracker, check_store, git_commit
+from studies.tracking import (
+    PARENT_TAG,
+    Tracker,
+    check_database_driver,
+    check_store,
+    git_commit,
+)
 from studies.trials import run_name
 from studies.tuning import confirm, search
 
@@ -154,6 +160,7 @@ def run_study(
         # A driver killed earlier may have left its private Ray instance: stop exactly that one.
         record = plan.workspace.root / "locks" / f"{plan.key}.ray.json"
         stop_recorded_instance(record)
+        check_database_driver(plan.tracking_uri)
         check_store(plan.tracking_uri)
         fingerprints = prepare_data(plan, backend, say)
         cluster = connection.connect(plan.address, dashboard=plan.dashboard, record=record,
@@ -162,7 +169,8 @@ def run_study(
         try:
             stops.check()  # a KeyboardInterrupt raised while Ray started can be lost
             with StopSignals() as inner:
-                check_storage(plan.storage_root, cluster.nodes, hosts=cluster.hosts)
+                check_storage(plan.storage_root, cluster.reachable_nodes,
+                              hosts=cluster.reachable_hosts, now=cluster.nodes)
                 resources = cluster.trial_resources(plan.cpus_per_trial, plan.trials_per_gpu)
                 say(cluster.describe(resources))
                 say(connection.dashboard_hint(cluster))

@@ -35,6 +35,7 @@ from optuna.trial import TrialState
 from ray.tune.search import Searcher
 
 from icr.errors import UserError
+from studies import storage
 from studies.frameworks.optuna import study_from_json, trials_to_json
 from studies.space import ConditionalSpace
 from studies.trials import KEY, TrialSpec
@@ -134,15 +135,16 @@ class StudySearcher(Searcher):
             writer.writerows(rows)
 
 
-def read_state(path: Path) -> dict[str, Any]:
-    """A searcher state as :meth:`StudySearcher.save` writes it, checked field by field.
+def read_state(path: Path | str) -> dict[str, Any]:
+    """A searcher state as :meth:`StudySearcher.save` writes it, checked field by field; ``path``
+    is a file or a URI in the study's storage (:func:`studies.storage.read_bytes`).
 
     Raises:
         UserError: one line naming the file, when it is anything else (a pickle of an earlier
             version, a damaged or foreign file): it is never executed.
     """
     try:
-        state = json.loads(path.read_bytes())
+        state = json.loads(storage.read_bytes(str(path)))
         if not isinstance(state, dict) or state.get("format") != FORMAT:
             raise ValueError(f"not a {FORMAT!r}")
         trials, tune_trials, ended = state["trials"], state["tune_trials"], state["ended"]
@@ -156,7 +158,7 @@ def read_state(path: Path) -> dict[str, Any]:
     return state
 
 
-def _not_ours(path: Path, problem: Exception) -> UserError:
+def _not_ours(path: Path | str, problem: Exception) -> UserError:
     return UserError(
         f"the searcher state {path} is not one this version of the platform wrote ({problem}); "
         "it is read as JSON only, never executed: start the study over with --fresh")

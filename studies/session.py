@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from icr.errors import UserError
+from studies import storage
 from studies.connection import Cluster
 from studies.plan import StudyPlan
 from studies.progress import ProgressOptions
@@ -58,10 +59,11 @@ class Session:
 
     @property
     def storage_path(self) -> str:
-        return f"{self.plan.storage_root.rstrip('/')}/{self.plan.key}/{self.run_dir.name}"
+        """Where Tune keeps this run's experiments: a folder, or a URI (its query kept last)."""
+        return storage.join(self.plan.storage_root, self.plan.key, self.run_dir.name)
 
     def experiment_path(self, name: str) -> str:
-        return f"{self.storage_path}/{name}"
+        return storage.join(self.storage_path, name)
 
     def save_state(self, **changes: Any) -> None:
         self.check_stop()  # a phase interrupted is not a phase done

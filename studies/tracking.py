@@ -26,10 +26,13 @@ What a child run holds (made for comparing trials in the MLflow UI):
 
 The experiment carries MLflow's experiment-kind tag (``mlflow.experimentKind`` =
 ``custom_model_development``, what the UI's "Machine learning" choice writes), so MLflow 3's UI
-opens it on its runs, not on the GenAI traces page. Its artifacts live in the workspace
-(``<workspace>/mlartifacts/<experiment>``); MLflow records them by absolute path, so a store
-opened from a moved or copied workspace has its locations pointed at that workspace
-(:func:`studies.frameworks.mlflow.relocate_artifacts`).
+opens it on its runs, not on the GenAI traces page. Against a tracking server (``http``,
+``https``) its artifacts go to the server's artifact store (the experiment is created without a
+location of its own), so a lab's UI on another machine shows the reports, figures and analyses.
+With a local store they live in the workspace (``<workspace>/mlartifacts/<experiment>``);
+MLflow records them by absolute path, so a store opened from a moved or copied workspace has its
+locations pointed at that workspace (:func:`studies.frameworks.mlflow.relocate_artifacts`). A
+database URI's driver is checked before anything starts (:func:`check_database_driver`).
 
 An epoch's record (its metrics and trajectory rows together) goes the fastest way the store
 allows (:class:`Tracker`); MLflow's tables are written only by :mod:`studies.frameworks.mlflow`.
@@ -41,6 +44,7 @@ import contextlib
 import logging
 import sqlite3
 import time
+import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -50,6 +54,7 @@ from mlflow.entities import Metric, Param, RunTag
 from ray.tune import Callback
 
 from icr.errors import UserError
+from studies import storage
 from studies.failures import error_line
 from studies.frameworks import mlflow as mlflow_adapter
 from studies.frameworks.tune import BOOKKEEPING, CHECKPOINT_DIR, trial_error
@@ -67,6 +72,11 @@ RECORD_KEYS = {"trajectory", "artifacts", "final", "steps"}  # EpochReport's fie
 # its content or asks the user, and a new empty one opens on the traces.
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
+# Tracking URIs of a server, which keeps the artifacts of its runs in its own artifact store.
+SERVED_SCHEMES = ("http", "https", "databricks")
+# (SQLAlchemy dialect, driver) -> the extra of pyproject.toml that installs the driver.
+DRIVER_EXTRAS = {("postgresql", "psycopg"): "postgres", ("mysql", "pymysql"): "mysql"}
+DRIVER_SCHEMES = {"postgresql": ("postgresql", "postgres"), "mysql": ("mysql+pymysql", "mysql")}
 
 
 def git_commit(root: Path = PROJECT_ROOT) -> str:
@@ -138,8 +148,8 @@ class Tracker:
         if self._experiment_id is None:
             found = self.client.get_experiment_by_name(self.experiment)
             if found is None:
-                location = None
-                if self.artifact_root is not None:
+                location = None  # a server's: its artifact store, served to every machine
+                if self.artifact_root is not None and not serves_artifacts(self.tracking_uri):
                     location = (self.artifact_root / self.experiment).as_uri()
                 self._experiment_id = self.client.create_experiment(
                     self.experiment, artifact_location=location,
@@ -273,6 +283,59 @@ def _first_line(error: BaseException, limit: int = 300) -> str:
     return (lines[0] if lines else type(error).__name__)[:limit]
 
 
+def serves_artifacts(tracking_uri: str) -> bool:
+    """Whether the tracking URI is a tracking server's (``http``, ``https``, ``databricks``),
+    which stores the artifacts of the runs it records in its own artifact store."""
+    return tracking_uri.split("://", 1)[0].split(":", 1)[0] in SERVED_SCHEMES
+
+
+def check_database_driver(tracking_uri: str) -> None:
+    """A database tracking URI (``postgresql://``, ``mysql+pymysql://``, ...) whose driver is
+    installed: SQLAlchemy, which MLflow reads it with, imports the driver only when it first
+    connects, after the study's data and Ray started. SQLAlchemy 2.1 reads a bare
+    ``postgresql://`` with psycopg 3 (the ``postgres`` extra) and a bare ``mysql://`` with
+    MySQLdb (which has no wheel for Linux; the ``mysql`` extra installs PyMySQL, for
+    ``mysql+pymysql://``).
+
+    Raises:
+        UserError: one line naming the URI, the missing driver and the extra to install.
+    """
+    scheme = tracking_uri.split("://", 1)[0] if "://" in tracking_uri else ""
+    if not scheme or scheme.split("+", 1)[0] in (*SERVED_SCHEMES, "sqlite", "file"):
+        return
+    from sqlalchemy.engine import make_url  # lazy: MLflow's dependency, needed only here
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    shown = _without_password(tracking_uri)
+    try:
+        dialect = make_url(tracking_uri).get_dialect()
+        dialect.import_dbapi()
+    except (ArgumentError, NoSuchModuleError) as exc:
+        raise UserError(f"--tracking-uri {shown}: not a database URL SQLAlchemy reads "
+                        f"({str(exc).splitlines()[0]})") from None
+    except ImportError as exc:
+        missing = exc.name or dialect.driver
+        extra = DRIVER_EXTRAS.get((dialect.name, dialect.driver))
+        if extra is not None:
+            fix = f"pip install 'icr-studies[{extra}]'"
+        elif dialect.name in DRIVER_SCHEMES:
+            scheme, extra = DRIVER_SCHEMES[dialect.name]
+            fix = f"install {missing}, or write {scheme}://... and pip install 'icr-studies[{extra}]'"
+        else:
+            fix = f"install {missing}"
+        raise UserError(f"--tracking-uri {shown}: its driver {missing} is not installed; "
+                        f"{fix}") from None
+
+
+def _without_password(uri: str) -> str:
+    """The URI with the password of its user replaced by ``***`` (it is printed)."""
+    parts = urllib.parse.urlsplit(uri)
+    if parts.password is None:
+        return uri
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
 def check_store(tracking_uri: str, busy_timeout: float = 30.0) -> None:
     """A sqlite tracking store that exists must be an intact database, at the schema that the
     installed MLflow and the platform's SQL writes (:mod:`studies.frameworks.mlflow`) expect.
@@ -353,12 +416,16 @@ def step_tags(result: Mapping[str, Any]) -> dict[str, str]:
             "steps.fell_back": str(bool(steps.get("fell_back"))).lower()}
 
 
-def checkpoint_location(checkpoint: Any) -> str:
+def checkpoint_location(checkpoint: Any, storage_root: str = "") -> str:
     """Where a Tune checkpoint is, as ``tune.Checkpoint(location)`` reads it on any node (the
     ``checkpoint`` tag of a run, for ensembles and analyses): its folder on a local or shared
-    file system, else its URI (``s3://bucket/...``, ``gcs://bucket/...``)."""
+    file system, else its URI (``s3://bucket/...``, ``gcs://bucket/...``) with the query string
+    of the study's storage URI ``storage_root`` (its file system's options: an S3-compatible
+    server's ``endpoint_override``, say)."""
     kind = checkpoint.filesystem.type_name
-    return checkpoint.path if kind == "local" else f"{kind}://{checkpoint.path}"
+    if kind == "local":
+        return checkpoint.path
+    return storage.with_query_of(f"{kind}://{checkpoint.path}", storage_root)
 
 
 class MlflowTrialCallback(Callback):
@@ -370,9 +437,10 @@ class MlflowTrialCallback(Callback):
 
     def __init__(
         self, tracker: Tracker, parent_id: str, tags: Mapping[str, str],
-        fingerprints: Mapping[str, str], max_epochs: Mapping[str, int],
+        fingerprints: Mapping[str, str], max_epochs: Mapping[str, int], storage_root: str = "",
     ) -> None:
         self.tracker = tracker
+        self.storage_root = storage_root  # the study's Tune storage (its URI's options)
         self.parent_id = parent_id
         self.tags = dict(tags)
         self.fingerprints = dict(fingerprints)
@@ -432,7 +500,7 @@ class MlflowTrialCallback(Callback):
         result = trial.last_result or {}
         run_id = self.run_id(trial)
         self._record(trial, result)
-        self.tracker.set_tags(run_id, {"checkpoint": checkpoint_location(checkpoint)})
+        self.tracker.set_tags(run_id, {"checkpoint": checkpoint_location(checkpoint, self.storage_root)})
         files = result.get("artifacts") or ()
         if not files:
             return

@@ -39,6 +39,7 @@ from ray import tune
 import icr.train
 from icr.train.seam import EpochReport
 from icr.workspace import Workspace
+from studies import storage
 from studies.failures import FAILED_IN_TRAINING
 from studies.frameworks.tune import BOOKKEEPING, METADATA_FILE, trial_folder
 from studies.trials import spec_of
@@ -166,7 +167,7 @@ def marked_checkpoints(folder: str) -> list[tuple[tune.Checkpoint, dict[str, Any
     """The checkpoints in a trial's folder that carry a mark, with the result each was marked
     with. A mark that cannot be read (e.g. half written) counts as none, and so does one whose
     checkpoint lacks a file it lists or holds it at another size (a copy cut short)."""
-    fs, path = _filesystem(folder)
+    fs, path = storage.filesystem(folder)
     try:
         infos = fs.get_file_info(pyarrow.fs.FileSelector(path, allow_not_found=True))
     except OSError:
@@ -201,9 +202,3 @@ def _file_sizes(checkpoint: tune.Checkpoint) -> dict[str, int]:
     infos = fs.get_file_info(pyarrow.fs.FileSelector(root, recursive=True))
     return {info.path[len(root) + 1:]: info.size for info in infos
             if info.type == pyarrow.fs.FileType.File and info.base_name != METADATA_FILE}
-
-
-def _filesystem(uri: str) -> tuple[pyarrow.fs.FileSystem, str]:
-    if "://" in uri:
-        return pyarrow.fs.FileSystem.from_uri(uri)
-    return pyarrow.fs.LocalFileSystem(), str(Path(uri).absolute())

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import shutil
 import signal
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from ray import tune
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 from tqdm.auto import tqdm
 
+from studies import storage
 from studies.failures import error_line, failed_in_training
 from studies.frameworks.optuna import GridOnceSampler
 from studies.frameworks.tune import (
@@ -50,7 +50,7 @@ from studies.frameworks.tune import (
 from studies.progress import DONE, INTERVAL_S, RUNNING, WAITING, Progress, TrialView, say_now
 from studies.samplers import SpreadThenTPESampler
 from studies.searcher import StudySearcher, read_state
-from studies.session import Interrupted, Session
+from studies.session import Session
 from studies.signals import StudyIncomplete
 from studies.space import ConditionalSpace, grid_points
 from studies.tracking import PARENT_TAG, MlflowTrialCallback
@@ -186,18 +186,6 @@ class ProgressCallback(tune.Callback):
         return TrialView(trial.trial_id, state, epochs, group)
 
 
-def ended_in_saved_state(path: str) -> set[str]:
-    """The trials that Tune's saved state of the experiment at ``path`` holds as TERMINATED: they
-    ended (ran their budget, or ASHA stopped them) under an earlier driver.
-
-    Restored, such a trial's result is its saved last result, which never carries ``done``: this
-    set is how :func:`every_trial_ended` knows it ended. On Ctrl-C Tune saves its state before it
-    stops the running trials, so those are saved as RUNNING and are not counted here.
-    """
-    return {trial.trial_id for trial in tune.ExperimentAnalysis(path).trials
-            if trial.status == "TERMINATED"}
-
-
 def run_tuner(
     session: Session, name: str, job: TrialJob, conditions: tuple[str, ...],
     param_space: dict[str, Any], tune_config: tune.TuneConfig, expected: int, title: str,
@@ -206,49 +194,43 @@ def run_tuner(
     ``conditions``; ``title`` heads its status lines. Returns every trial's end.
 
     Raises:
-        Interrupted: a stop signal came, or Tune returned before every trial ended.
-        StudyIncomplete: a trial failed outside its training (:func:`trial_records`).
+        Interrupted: a stop signal came.
+        StudyIncomplete: Tune returned without every trial ended (:func:`check_ended`), or a
+            trial failed outside its training (:func:`trial_records`).
     """
     trainable = labelled_trainable(tune.with_resources(  # the dashboard names each trial's actor
         tune.with_parameters(run_trial, job=job, fit=session.fit), session.resources
     ), trial_label)
-    restored = restore_tuner(session, name, trainable, param_space)
-    if restored is None:
+    tuner = restore_tuner(session, name, trainable, param_space)
+    if tuner is None:
         callbacks = tuner_callbacks(session, name, job.phase, conditions, title, expected)
-        tuner, ended_before = new_tuner(session, name, trainable, param_space, tune_config,
-                                        callbacks), set()
-    else:
-        tuner, ended_before = restored
+        tuner = new_tuner(session, name, trainable, param_space, tune_config, callbacks)
     quiet_retried_syncs()
     session.check_stop()
     with sigint_handler_restored(lambda: session.stops.note(signal.SIGINT)):
         grid = tuner.fit()
     session.check_stop()  # Tune stopped on a stop signal and returned normally
-    if not every_trial_ended(grid, expected, ended_before):
-        log.info("the Tune experiment %s was interrupted (state in %s)", name, session.run_dir)
-        raise Interrupted()
+    check_ended(grid, expected, title)
     return trial_records(grid, session.experiment_path(name), title)
 
 
 def restore_tuner(session: Session, name: str, trainable: type,
-                  param_space: dict[str, Any]) -> tuple[tune.Tuner, set[str]] | None:
-    """The experiment ``name`` restored, with the trials that had ended under an earlier
-    driver; ``None`` when there is none to restore. One that Tune never saved whole is
-    discarded first (:func:`start_over`). A trial that failed is continued from its last
-    checkpoint: one whose training failed fails again where it did; one lost around it (a
-    worker, a node) gets its retry."""
+                  param_space: dict[str, Any]) -> tune.Tuner | None:
+    """The experiment ``name`` restored; ``None`` when there is none to restore. One that Tune
+    never saved whole is discarded first (:func:`start_over`). A trial that failed is continued
+    from its last checkpoint: one whose training failed fails again where it did; one lost
+    around it (a worker, a node) gets its retry."""
     path = session.experiment_path(name)
-    if tune.Tuner.can_restore(path) and not saved_by_tune(Path(path)):
-        start_over(session, name, Path(path))
+    if tune.Tuner.can_restore(path) and not saved_by_tune(path):
+        start_over(session, name, path)
     if not tune.Tuner.can_restore(path):
         return None
     log.info("continuing the Tune experiment %s", path)
-    state = newest_searcher_state(Path(path))
+    state = newest_searcher_state(path)
     if state is not None:
         read_state(state)  # one line naming it if it is not the JSON a searcher writes
-    tuner = tune.Tuner.restore(path, trainable, param_space=param_space,
-                               resume_unfinished=True, resume_errored=True)
-    return tuner, ended_in_saved_state(path)
+    return tune.Tuner.restore(path, trainable, param_space=param_space,
+                              resume_unfinished=True, resume_errored=True)
 
 
 def new_tuner(session: Session, name: str, trainable: type, param_space: dict[str, Any],
@@ -276,18 +258,30 @@ def tuner_callbacks(session: Session, name: str, phase: str, conditions: tuple[s
     recorder = MlflowTrialCallback(
         session.tracker, session.parent_id, {**session.tags, "phase": phase, "tune_experiment": name},
         session.fingerprints, {c.name: c.config.epochs for c in plan.conditions},
+        plan.storage_root,
     )
     return [recorder, progress_callback(session, conditions, title, expected),
             EpochJsonLogger(), EpochCsvLogger()]
 
 
-def every_trial_ended(grid: tune.ResultGrid, expected: int, ended_before: set[str]) -> bool:
-    """Whether every trial of the Tuner ended: it failed, reported its last epoch (``done``), or
-    had ended under an earlier driver. Tune returns normally after Ctrl-C, with its state saved;
-    a trial it stopped then is TERMINATED too, but without its last result marked done."""
-    ended = [r for r in grid if r.error is not None or (r.metrics or {}).get("done")
-             or (r.metrics or {}).get("trial_id") in ended_before]
-    return len(ended) >= expected and len(ended) >= len(grid)
+def check_ended(grid: tune.ResultGrid, expected: int, title: str) -> None:
+    """Every one of the ``expected`` trials of the Tuner ended: Tune holds it TERMINATED (it ran
+    its budget, ASHA stopped it, or it had ended under an earlier driver) or ERROR.
+
+    Not whether its last result is marked ``done``: a Tune 2.60 controller restored from a
+    state saved while a trial's STOP was queued (ASHA stopped it as its checkpoint was being
+    saved, and the driver was killed before the trial was saved as ended) stops that trial
+    again on its first result, which is not marked ``done``; the trial ended, and the phase
+    goes on. A stop signal is no business of this check: it raised Interrupted before.
+
+    Raises:
+        StudyIncomplete: Tune returned with a trial not ended and no stop signal came.
+    """
+    ended = grid.num_terminated + grid.num_errors
+    if ended < max(expected, len(grid)):
+        raise StudyIncomplete(
+            f"Tune returned with {max(expected, len(grid)) - ended} of {max(expected, len(grid))} "
+            f"trial(s) of {title} not ended; run the same command again to continue them")
 
 
 def trial_records(grid: tune.ResultGrid, path: str, title: str) -> list[TrialRecord]:
@@ -333,7 +327,7 @@ def progress_callback(session: Session, conditions: tuple[str, ...], title: str,
                             bar=options.use_bar())
 
 
-def start_over(session: Session, name: str, path: Path) -> None:
+def start_over(session: Session, name: str, path: str) -> None:
     """Discard a Tune experiment that Tune never saved whole: its folder, and the MLflow runs its
     trials opened before the driver died (Tune does not know them, so they would never finish
     and the new trials would duplicate them)."""
@@ -343,7 +337,7 @@ def start_over(session: Session, name: str, path: Path) -> None:
              path, len(lost))
     for run in lost:
         session.tracker.client.delete_run(run.info.run_id)
-    shutil.rmtree(path)
+    storage.remove_folder(path)
 
 
 def search(session: Session, condition: str) -> list[TrialRecord]:

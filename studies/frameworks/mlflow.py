@@ -284,9 +284,11 @@ def _answers(url: str) -> bool:
 
 @contextlib.contextmanager
 def loopback_server(backend_store_uri: str, folder: Path, workers: int = 1,
-                    timeout: float = 300.0) -> Iterator[str]:
+                    timeout: float = 300.0, artifacts: str | None = None) -> Iterator[str]:
     """``mlflow server`` on 127.0.0.1 at a free port, over ``backend_store_uri``, its artifacts
-    and its log in ``folder``: yields its URL once it answers. When the block ends (also on an
+    in ``artifacts`` (a folder or a URI such as ``s3://bucket/mlflow``; default: ``folder``'s
+    ``artifacts``, served by the server either way) and its log in ``folder``: yields its URL
+    once it answers. When the block ends (also on an
     error or Ctrl-C) the server is stopped by the process group it was started in, so its
     workers with it. Its job runner (seven processes MLflow 3.17 starts for GenAI jobs) is left
     out: recording runs does not use it.
@@ -299,7 +301,7 @@ def loopback_server(backend_store_uri: str, folder: Path, workers: int = 1,
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     command = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend_store_uri,
-               "--artifacts-destination", str(folder / "artifacts"), "--host", "127.0.0.1",
+               "--artifacts-destination", artifacts or str(folder / "artifacts"), "--host", "127.0.0.1",
                "--port", str(port), "--workers", str(workers)]
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     with open(folder / "server.log", "wb") as out:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import fnmatch
 import json
 import logging
 import os
@@ -35,6 +36,7 @@ import ray
 from ray import tune
 from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
+from studies import storage
 from studies.frameworks import reaching
 
 log = logging.getLogger(__name__)
@@ -163,9 +165,9 @@ class EpochCsvLogger(_OncePerEpoch, CSVLoggerCallback):
         return last
 
 
-def saved_by_tune(path: Path) -> bool:
-    """Whether Tune saved experiment ``path`` (its trials and its search algorithm) whole at
-    least once.
+def saved_by_tune(experiment: str | os.PathLike) -> bool:
+    """Whether Tune saved ``experiment`` (a folder or a URI: read through its file system,
+    :mod:`studies.storage`) whole at least once: its trials and its search algorithm.
 
     ``Tuner.can_restore`` asks only for ``tuner.pkl``, which the Tuner writes when it is built,
     before ``fit`` saves anything, and which holds no ``param_space``. A driver killed in that
@@ -180,23 +182,27 @@ def saved_by_tune(path: Path) -> bool:
     ever: the limiter still counts the trials that were running as live. Such an experiment is
     not saved whole either.
     """
-    saved = ([*path.glob("search_gen_state-*.json"), *path.glob(SEARCHER_STATE)]
-             or list(path.glob("basic-variant-state-*.json")))  # a searcher's files, or a grid's
-    return any(path.glob("experiment_state-*.json")) and bool(saved) and all(map(_whole, saved))
+    files = storage.names(experiment)
+    saved = (fnmatch.filter(files, "search_gen_state-*.json") + fnmatch.filter(files, SEARCHER_STATE)
+             or fnmatch.filter(files, "basic-variant-state-*.json"))  # a searcher's, or a grid's
+    return (bool(fnmatch.filter(files, "experiment_state-*.json")) and bool(saved)
+            and all(_whole(storage.join(experiment, name)) for name in saved))
 
 
-def newest_searcher_state(path: Path) -> Path | None:
-    """The searcher state that ``Tuner.restore`` hands to the searcher (the newest by name)."""
-    return max(path.glob(SEARCHER_STATE), default=None)
+def newest_searcher_state(experiment: str | os.PathLike) -> str | None:
+    """Where the searcher state is that ``Tuner.restore`` hands to the searcher (the newest by
+    name), in ``experiment`` (a folder or a URI)."""
+    newest = max(storage.names(experiment, SEARCHER_STATE), default=None)
+    return None if newest is None else storage.join(experiment, newest)
 
 
-def _whole(state: Path) -> bool:
+def _whole(state: str) -> bool:
     """Whether a state file was written whole, read without executing anything: the searcher's
     JSON parses, and a pickle of Tune's runs to its STOP (``pickletools`` reads the opcodes;
     ``pickle.load`` would run whatever the file asks, and the storage may be a shared bucket).
     """
     try:
-        data = state.read_bytes()
+        data = storage.read_bytes(state)
         if not data.startswith(PICKLED):  # the searcher's state (studies.searcher)
             json.loads(data)
             return True
@@ -208,7 +214,7 @@ def _whole(state: Path) -> bool:
 def trial_folder(experiment: str) -> str:
     """The storage folder of the trial this worker runs: Tune names a trial's folder alike in
     the experiment and in the worker's own trial directory."""
-    return f"{experiment.rstrip('/')}/{Path(tune.get_context().get_trial_dir()).name}"
+    return storage.join(experiment, Path(tune.get_context().get_trial_dir()).name)
 
 
 def trial_error(trial: Any) -> str | None:
