@@ -54,7 +54,7 @@ from studies.session import Interrupted, Session
 from studies.signals import StudyIncomplete
 from studies.space import ConditionalSpace, grid_points
 from studies.tracking import PARENT_TAG, MlflowTrialCallback
-from studies.trainable import TrialJob, run_trial
+from studies.trainable import StopWhenUnreadable, TrialJob, run_trial, unreadable_stops
 from studies.trials import KEY, TrialSpec, spec_of, trial_label
 
 log = logging.getLogger(__name__)
@@ -221,7 +221,7 @@ def run_tuner(
         tuner, ended_before = restored
     quiet_retried_syncs()
     session.check_stop()
-    with sigint_handler_restored(lambda: session.stops.note(signal.SIGINT)):
+    with sigint_handler_restored(lambda: session.stops.note(signal.SIGINT)), unreadable_stops():
         grid = tuner.fit()
     session.check_stop()  # Tune stopped on a stop signal and returned normally
     if not every_trial_ended(grid, expected, ended_before):
@@ -277,7 +277,8 @@ def tuner_callbacks(session: Session, name: str, phase: str, conditions: tuple[s
         session.tracker, session.parent_id, {**session.tags, "phase": phase, "tune_experiment": name},
         session.fingerprints, {c.name: c.config.epochs for c in plan.conditions},
     )
-    return [recorder, progress_callback(session, conditions, title, expected),
+    # StopWhenUnreadable first: a trial whose node cannot read its data is not a failed run
+    return [StopWhenUnreadable(), recorder, progress_callback(session, conditions, title, expected),
             EpochJsonLogger(), EpochCsvLogger()]
 
 
@@ -353,7 +354,7 @@ def search(session: Session, condition: str) -> list[TrialRecord]:
     study = plan.study
     name = f"search-{condition}"
     job = TrialJob(study.name, "search", str(plan.workspace.root),
-                   experiment=session.experiment_path(name))
+                   experiment=session.experiment_path(name), data=session.data)
     grid = grid_points(cond.domains)
     trials = cond.trials(plan.budget)
     sampler = (GridOnceSampler(grid, seed=study.searcher_seed) if grid is not None else
@@ -395,7 +396,7 @@ def confirm(session: Session, winners: Mapping[str, Mapping[str, Any]]) -> list[
                                {**winners[c.name], "train.seed": seed})
              for c in chosen for seed in plan.seeds]
     job = TrialJob(plan.study.name, "confirm", str(plan.workspace.root),
-                   experiment=session.experiment_path("confirm"))
+                   experiment=session.experiment_path("confirm"), data=session.data)
     tune_config = tune.TuneConfig(num_samples=1, max_concurrent_trials=session.concurrency)
     return run_tuner(session, "confirm", job, tuple(winners), {KEY: tune.grid_search(specs)},
                      tune_config, expected=len(specs), title="confirm")
