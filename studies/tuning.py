@@ -31,12 +31,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import ray
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 from tqdm.auto import tqdm
 
 from studies.failures import error_line, failed_in_training
 from studies.frameworks.optuna import GridOnceSampler
+from studies.frameworks.ray import pending_nodes
 from studies.frameworks.tune import (
     EpochCsvLogger,
     EpochJsonLogger,
@@ -47,7 +49,16 @@ from studies.frameworks.tune import (
     sigint_handler_restored,
     trial_error,
 )
-from studies.progress import DONE, INTERVAL_S, RUNNING, WAITING, Progress, TrialView, say_now
+from studies.progress import (
+    DONE,
+    INTERVAL_S,
+    RUNNING,
+    WAITING,
+    Progress,
+    TrialView,
+    describe_wait,
+    say_now,
+)
 from studies.samplers import SpreadThenTPESampler
 from studies.searcher import StudySearcher, read_state
 from studies.session import Interrupted, Session
@@ -93,11 +104,13 @@ class ProgressCallback(tune.Callback):
     """
 
     def __init__(self, progress: Progress, *, say: Callable[[str], None] = say_now,
-                 interval: float = INTERVAL_S, bar: bool = False) -> None:
+                 interval: float = INTERVAL_S, bar: bool = False,
+                 resources: Mapping[str, float] | None = None) -> None:
         self.progress = progress
         self.say = say
         self.interval = interval
         self.bar = bar
+        self.resources = dict(resources or {})  # what each trial asks (named while one waits)
         self._last = progress.clock()
         self._ended: set[str] = set()
         self._tqdm: Any = None
@@ -108,7 +121,7 @@ class ProgressCallback(tune.Callback):
         # output of this driver stay here; a restored one gets fresh ones.
         fresh = Progress(self.progress.title, self.progress.expected, self.progress.max_epochs,
                          self.progress.metric, self.progress.mode, self.progress.slots,
-                         groups=self.progress.groups)
+                         groups=self.progress.groups, named_after=self.progress.named_after)
         return {**self.__dict__, "progress": fresh, "say": say_now, "_tqdm": None, "_last": 0.0,
                 "_ended": set()}
 
@@ -161,7 +174,7 @@ class ProgressCallback(tune.Callback):
     def _status(self, trials: list) -> None:
         self._last = self.progress.clock()
         states = [self._state(t) for t in trials]
-        line = self.progress.line(states)
+        line = self.progress.line(states, self._waits_for)
         if not self.bar:
             self._write(line)
             return
@@ -183,7 +196,12 @@ class ProgressCallback(tune.Callback):
         if trial.trial_id in self._ended or trial.status in ("TERMINATED", "ERROR"):
             return TrialView(trial.trial_id, DONE, epochs, group)
         state = RUNNING if trial.status == "RUNNING" else WAITING
-        return TrialView(trial.trial_id, state, epochs, group)
+        return TrialView(trial.trial_id, state, epochs, group, trial_label(trial.trial_id, trial.config))
+
+    def _waits_for(self) -> str:
+        """What a trial that waits to start waits for (:func:`studies.progress.describe_wait`)."""
+        return describe_wait(self.resources, ray.cluster_resources(), ray.available_resources(),
+                             pending_nodes())
 
 
 def ended_in_saved_state(path: str) -> set[str]:
@@ -329,9 +347,9 @@ def progress_callback(session: Session, conditions: tuple[str, ...], title: str,
     # Every condition plans as many trials (a search has one; a confirmation, the seeds).
     groups = dict.fromkeys(conditions, expected // len(conditions))
     progress = Progress(title, expected, epochs, plan.study.metric, plan.study.mode,
-                        session.concurrency, options.clock, groups)
+                        session.concurrency, options.clock, groups, options.named_after)
     return ProgressCallback(progress, say=options.say, interval=options.interval,
-                            bar=options.use_bar())
+                            bar=options.use_bar(), resources=session.resources)
 
 
 def start_over(session: Session, name: str, path: Path) -> None:
