@@ -65,6 +65,16 @@ def test_a_trial_names_its_node_and_the_path_it_cannot_read(tmp_path: Path) -> N
         check_readable(job(tmp_path), config, "c")
 
 
+def test_a_local_storage_is_given_to_the_trials_as_an_absolute_path(tmp_path: Path,
+                                                                      monkeypatch) -> None:
+    """A trial runs in its own folder: a relative --storage would name another folder there."""
+    from studies.plan import check_storage_uri
+
+    monkeypatch.chdir(tmp_path)
+    assert check_storage_uri("tune-storage") == str(tmp_path / "tune-storage")
+    assert check_storage_uri("s3://bucket/prefix") == "s3://bucket/prefix"
+
+
 def test_a_trial_that_does_not_see_the_storage_says_so_before_its_data(tmp_path: Path) -> None:
     unshared = TrialJob("fake", "search", str(tmp_path), str(tmp_path / "elsewhere"),
                         {"c": str(tmp_path / "absent")})
