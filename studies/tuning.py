@@ -196,7 +196,8 @@ class ProgressCallback(tune.Callback):
         if trial.trial_id in self._ended or trial.status in ("TERMINATED", "ERROR"):
             return TrialView(trial.trial_id, DONE, epochs, group)
         state = RUNNING if trial.status == "RUNNING" else WAITING
-        return TrialView(trial.trial_id, state, epochs, group, trial_label(trial.trial_id, trial.config))
+        label = trial_label(trial.trial_id, trial.config)
+        return TrialView(trial.trial_id, state, epochs, group, label)
 
     def _waits_for(self) -> str:
         """What a trial that waits to start waits for (:func:`studies.progress.describe_wait`)."""
@@ -296,7 +297,8 @@ def tuner_callbacks(session: Session, name: str, phase: str, conditions: tuple[s
         session.fingerprints, {c.name: c.config.epochs for c in plan.conditions},
     )
     # StopWhenUnreadable first: a trial whose node cannot read its data is not a failed run
-    return [StopWhenUnreadable(), recorder, progress_callback(session, conditions, title, expected),
+    return [StopWhenUnreadable(), recorder,
+            progress_callback(session, conditions, title, expected),
             EpochJsonLogger(), EpochCsvLogger()]
 
 
