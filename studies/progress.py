@@ -168,27 +168,32 @@ class Progress:
         if self.best is not None:
             parts.append(f"best {self.metric} {self.best[0]:.1f}"
                          + (f" ({self.best[1]})" if self.best[1] else ""))
-        elapsed = f"{_duration(self.clock() - self.started)} elapsed"
+        now = self.clock()
+        elapsed = f"{_duration(now - self.started)} elapsed"
         rest = self.seconds_left(trials)
         if rest is None:
             elapsed += ", the rest estimated after the first epoch"
         elif left or running:
             elapsed += f", about {_duration(rest)} left" if rest >= 1 else ", finishing"
         parts.append(elapsed)
-        waiting = self.long_waiting(trials)
+        waiting = self.long_waiting(trials, now)
         if waiting:
-            longest = self.clock() - min(self.waiting_since[t.trial_id] for t in waiting)
-            named = ", ".join(t.label or f"trial {t.trial_id}" for t in waiting[:NAMED_AT_MOST])
-            more = len(waiting) - NAMED_AT_MOST
-            named += f" and {more} more" if more > 0 else ""
-            why = waits_for() if waits_for is not None else ""
-            parts.append(f"waiting {_duration(longest)}: {named}" + (f" for {why}" if why else ""))
+            parts.append(self._waiting(waiting, now, waits_for))
         return f"{self.title}: " + "; ".join(parts)
 
-    def long_waiting(self, trials: Sequence[TrialView]) -> list[TrialView]:
-        """The trials that have waited to start for :attr:`named_after` seconds or more, longest
-        first; a trial is timed from the first line that saw it waiting."""
-        now = self.clock()
+    def _waiting(self, waiting: Sequence[TrialView], now: float,
+                 waits_for: Callable[[], str] | None) -> str:
+        """``waiting 4m30s: trial ..., trial ... for ...``: the longest wait, the trials."""
+        longest = now - self.waiting_since[waiting[0].trial_id]
+        named = ", ".join(t.label or f"trial {t.trial_id}" for t in waiting[:NAMED_AT_MOST])
+        more = len(waiting) - NAMED_AT_MOST
+        named += f" and {more} more" if more > 0 else ""
+        why = waits_for() if waits_for is not None else ""
+        return f"waiting {_duration(longest)}: {named}" + (f" for {why}" if why else "")
+
+    def long_waiting(self, trials: Sequence[TrialView], now: float) -> list[TrialView]:
+        """The trials that have waited to start for :attr:`named_after` seconds or more at
+        ``now``, longest first; a trial is timed from the first line that saw it waiting."""
         for t in trials:
             if t.state == WAITING:
                 self.waiting_since.setdefault(t.trial_id, now)
