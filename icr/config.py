@@ -541,17 +541,22 @@ def used_values(config: ExperimentConfig, prefixes: tuple[str, ...]) -> dict[str
     return {key: flat[key] for key in used_keys(config) if key.startswith(prefixes)}
 
 
+def local_paths(config: ExperimentConfig) -> dict[str, Path]:
+    """The local files and folders the configuration uses: key -> path (a key left '' or
+    naming a bundled asset is none)."""
+    flat = to_flat(config)
+    return {key: Path(str(flat[key])).expanduser() for key in used_keys(config)
+            if _SPECS[key].path is not None and flat[key] != "" and flat[key] not in _SPECS[key].path}
+
+
 def check_paths(config: ExperimentConfig) -> None:
     """Every local file or folder the configuration uses exists; ConfigError naming the first
     key that names a missing one (checked on the driver, before anything starts)."""
     flat = to_flat(config)
-    for key in used_keys(config):
-        spec, value = _SPECS[key], flat[key]
-        if spec.path is None or value == "" or value in spec.path:
-            continue
-        if not Path(str(value)).expanduser().exists():
-            named = f" or one of {', '.join(spec.path)}" if spec.path else ""
-            raise ConfigError(f"{key}={value}: no such file or folder; give a local path{named}")
+    for key, path in local_paths(config).items():
+        if not path.exists():
+            named = f" or one of {', '.join(_SPECS[key].path)}" if _SPECS[key].path else ""
+            raise ConfigError(f"{key}={flat[key]}: no such file or folder; give a local path{named}")
 
 
 def parse_overrides(items: list[str]) -> dict[str, str]:

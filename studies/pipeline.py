@@ -22,6 +22,7 @@ from icr.train.tasks import Prepared, check_fits, prepare
 from icr.workspace import Workspace
 from studies import connection
 from studies.ensembles import ray_evaluator
+from studies.failures import EveryRunFailed
 from studies.plan import ConditionPlan, StudyPlan
 from studies.progress import ProgressOptions, say_now
 from studies.records import stop_recorded_instance
@@ -96,15 +97,16 @@ def data_key(config: ExperimentConfig) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted((k, flat[k]) for k in used_keys(config) if k.startswith(DATA_PREFIXES)))
 
 
-def prepare_data(plan: StudyPlan, backend: Backend, say: Callable[[str], None]) -> dict[str, str]:
-    """Prepare each distinct data config once on the driver; condition -> data fingerprint.
+def prepare_data(plan: StudyPlan, backend: Backend, say: Callable[[str], None]) -> dict[str, Prepared]:
+    """Prepare each distinct data config once on the driver; condition -> what it prepared
+    (its data fingerprint, its folder).
 
     This is where a bad data file, word-vector file or latent-target model is found, and a value
     that cannot work for the data (:func:`check_against_data`): on the driver, before Ray starts
     and before any MLflow run exists.
     """
     done: dict[tuple, Prepared] = {}
-    prints = {}
+    prepared = {}
     for condition in plan.conditions:
         key = data_key(condition.config)
         if key not in done:
@@ -114,8 +116,8 @@ def prepare_data(plan: StudyPlan, backend: Backend, say: Callable[[str], None]) 
                 say(f"  {note}")
             say(f"  data fingerprint {done[key].fingerprint}")
         check_against_data(plan, condition, done[key])
-        prints[condition.name] = done[key].fingerprint
-    return prints
+        prepared[condition.name] = done[key]
+    return prepared
 
 
 def check_against_data(plan: StudyPlan, condition: ConditionPlan, data: Prepared) -> None:
@@ -162,7 +164,8 @@ def run_study(
         stop_recorded_instance(record)
         check_database_driver(plan.tracking_uri)
         check_store(plan.tracking_uri)
-        fingerprints = prepare_data(plan, backend, say)
+        prepared = prepare_data(plan, backend, say)
+        fingerprints = {name: data.fingerprint for name, data in prepared.items()}
         cluster = connection.connect(plan.address, dashboard=plan.dashboard, record=record,
                                      reachable_gpus=plan.gpus)
         failed = True
@@ -177,6 +180,7 @@ def run_study(
                 session = open_session(plan, run_dir, cluster, resources, fingerprints, backend,
                                        verbose, progress or ProgressOptions(say=say))
                 session.stops = inner
+                session.data = {name: str(data.root) for name, data in prepared.items() if data.root}
                 say(mlflow_hint(plan, session.tracker.experiment_id))
                 out = run_phases(session, say)
                 failed = False
@@ -278,13 +282,17 @@ def run_phases(session: Session, say: Callable[[str], None]) -> Path:
             say(f"  confirmation run {record.condition} seed {record.spec.seed} "
                 f"failed: {record.error}")
         session.save_state(phase="report")
-    failed = check_planned_runs(session)
+    failed, planned = check_planned_runs(session)
     out = build_report(plan.study, session.tracker, plan.report_dir, session.parent_id,
                        plan.workspace, ray_evaluator(plan.storage_root, session.cluster.reachable_gpus))
     session.tracker.finish(session.parent_id, "FINISHED")
     session.check_stop()  # a report interrupted is not a report: made again by the next run
-    say(f"report: {out}" + (f" ({failed}; the report's notes say which)" if failed else ""))
+    note = failed_in_words(failed, planned)
+    say(f"report: {out}" + (f" ({note}; the report's notes say which)" if note else ""))
     session.save_state(phase="done")  # after the line: a study marked done has said so
+    if failed and len(failed) == planned:  # a report of nothing: the command must not succeed
+        raise EveryRunFailed(f"every run of study {plan.key} failed in training ({note}); "
+                             f"the report {out} lists their errors")
     return out
 
 
@@ -297,10 +305,10 @@ def planned_runs(session: Session) -> dict[tuple[str, str], int]:
     return planned
 
 
-def check_planned_runs(session: Session) -> str:
+def check_planned_runs(session: Session) -> tuple[list[Any], int]:
     """Before the report: every planned run is in MLflow, once, and ended; a run can have failed
     only in its own training (a run lost around it is retried, :func:`studies.tuning.run_tuner`).
-    Returns what failed, in words ('' if nothing did).
+    Returns the runs that failed, and how many runs were planned.
 
     Raises:
         StudyIncomplete: a planned run is missing or never ended (the report would hold fewer
@@ -320,10 +328,15 @@ def check_planned_runs(session: Session) -> str:
                 f"{count} planned, in study run {session.run_dir.name}; run the same command "
                 "again, or start over with --fresh")
     failed = [r for key in planned for r in found.get(key, []) if r.info.status == "FAILED"]
+    return failed, sum(planned.values())
+
+
+def failed_in_words(failed: list[Any], planned: int) -> str:
+    """The runs that failed, in words: how many, and the first one's error ('' if none did)."""
     if not failed:
         return ""
     first = failed[0]
-    return (f"{len(failed)} of {sum(planned.values())} runs failed in training: "
+    return (f"{len(failed)} of {planned} runs failed in training: "
             f"{first.info.run_name}: {first.data.tags.get('error', 'no error recorded')}"
             + (" and others" if len(failed) > 1 else ""))
 

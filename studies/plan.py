@@ -353,5 +353,6 @@ def check_storage_uri(storage: str) -> str:
         if storage.split("://", 1)[0] not in STORAGE_SCHEMES:
             raise UserError(f"--storage {storage}: give a folder, s3://BUCKET/PATH or gs://BUCKET/PATH")
         return storage
-    check_workspace(Path(storage).expanduser().absolute(), "--storage")
-    return storage
+    folder = Path(storage).expanduser().absolute()  # as the trials read it, from their own cwd
+    check_workspace(folder, "--storage")
+    return str(folder)

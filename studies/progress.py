@@ -20,6 +20,17 @@ finished, and in a confirmation, where nothing stops early). ASHA decides at run
 time how far a trial goes, so during a search the estimate moves; it is an upper bound while no
 trial has finished.
 
+A trial that has waited to start for longer than :data:`WAIT_NAMED_S` is named at the end of the
+line with what it waits for (:func:`describe_wait`): the resources each trial asks, what the
+cluster has and has free, and the nodes its autoscaler is adding, e.g.
+
+    search lagrangian: 0 done, 0 running, 2 left; 4m30s elapsed, the rest estimated after the
+    first epoch; waiting 4m30s: trial 1b2c3_00000 [lagrangian eta=0.112], trial 1b2c3_00001
+    [lagrangian eta=0.25] for CPU 1, GPU 1 each; the cluster has CPU 2 (2 free), GPU 0; its
+    autoscaler is adding worker_gpu x2
+
+(a study that cannot place its trials otherwise waits in silence: Tune's own warning is muted).
+
 A confirmation runs every condition's seeds in one Tune run, and conditions can differ in speed
 many times over (a TERN epoch of ltd_architectures is about 5 VSRN ones): each condition's
 trials are timed by that condition's own epochs (by the run's mean until one of them has
@@ -37,6 +48,10 @@ from typing import Any
 
 DONE, RUNNING, WAITING = "done", "running", "waiting"
 INTERVAL_S = 30.0  # the longest time between two status lines
+# A trial that waited to start this long is named in the status line: an autoscaler adds a cloud
+# GPU node in a few minutes, so a longer wait is one a person wants explained.
+WAIT_NAMED_S = 180.0
+NAMED_AT_MOST = 3  # waiting trials named in one line; the rest are counted
 
 
 def say_now(line: str) -> None:
@@ -53,12 +68,14 @@ class ProgressOptions:
         say: where lines go.
         clock: seconds (monotonic); tests pass a fake one.
         bar: a tqdm bar instead of status lines; ``None``: when stderr is a terminal.
+        named_after: seconds a trial waits to start before the line names it (tests: less).
     """
 
     interval: float = INTERVAL_S
     say: Callable[[str], None] = say_now
     clock: Callable[[], float] = time.monotonic
     bar: bool | None = None
+    named_after: float = WAIT_NAMED_S  # seconds a trial waits to start before it is named
 
     def use_bar(self) -> bool:
         return self.bar if self.bar is not None else sys.stderr.isatty()
@@ -72,6 +89,7 @@ class TrialView:
     state: str  # DONE, RUNNING or WAITING (created, not started)
     epochs: int = 0
     group: str = ""  # its condition, where a run mixes conditions (Progress.groups)
+    label: str = ""  # how a person knows it (studies.trials.trial_label), named while it waits
 
 
 @dataclass
@@ -87,6 +105,7 @@ class Progress:
         clock: seconds (monotonic); tests pass a fake one.
         groups: the planned trials of each condition, where one run mixes conditions (a
             confirmation); empty: one group of ``expected`` trials.
+        named_after: seconds a trial waits to start before the line names it.
     """
 
     title: str
@@ -97,7 +116,9 @@ class Progress:
     slots: int = 1
     clock: Callable[[], float] = time.monotonic
     groups: Mapping[str, int] = field(default_factory=dict)
+    named_after: float = WAIT_NAMED_S
     started: float = field(init=False)
+    waiting_since: dict[str, float] = field(default_factory=dict, init=False)  # first seen waiting
     last_seen: dict[str, float] = field(default_factory=dict, init=False)  # report or start
     latest: dict[str, tuple[float, str]] = field(default_factory=dict, init=False)
     epoch_seconds: dict[str, list[float]] = field(default_factory=dict, init=False)
@@ -143,7 +164,9 @@ class Progress:
         """A trial of this run ended after ``epochs`` epochs (finished, stopped or failed)."""
         self.finished_epochs.append(epochs)
 
-    def line(self, trials: Iterable[TrialView]) -> str:
+    def line(self, trials: Iterable[TrialView], waits_for: Callable[[], str] | None = None) -> str:
+        """The status line; ``waits_for()`` says what a trial that waits to start waits for
+        (asked only when one has waited :attr:`named_after` seconds)."""
         trials = list(trials)
         done = sum(t.state == DONE for t in trials)
         running = [t for t in trials if t.state == RUNNING]
@@ -156,14 +179,40 @@ class Progress:
             named = [f"{name} ({reason[:80]})" for name, reason in self.fell_back.values()]
             more = f" and {len(named) - 2} more" if len(named) > 2 else ""
             parts.append("eager steps, not CUDA graphs: " + ", ".join(named[:2]) + more)
-        elapsed = f"{_duration(self.clock() - self.started)} elapsed"
+        now = self.clock()
+        elapsed = f"{_duration(now - self.started)} elapsed"
         rest = self.seconds_left(trials)
         if rest is None:
             elapsed += ", the rest estimated after the first epoch"
         elif left or running:
             elapsed += f", about {_duration(rest)} left" if rest >= 1 else ", finishing"
         parts.append(elapsed)
+        waiting = self.long_waiting(trials, now)
+        if waiting:
+            parts.append(self._waiting(waiting, now, waits_for))
         return f"{self.title}: " + "; ".join(parts)
+
+    def _waiting(self, waiting: Sequence[TrialView], now: float,
+                 waits_for: Callable[[], str] | None) -> str:
+        """``waiting 4m30s: trial ..., trial ... for ...``: the longest wait, the trials."""
+        longest = now - self.waiting_since[waiting[0].trial_id]
+        named = ", ".join(t.label or f"trial {t.trial_id}" for t in waiting[:NAMED_AT_MOST])
+        more = len(waiting) - NAMED_AT_MOST
+        named += f" and {more} more" if more > 0 else ""
+        why = waits_for() if waits_for is not None else ""
+        return f"waiting {_duration(longest)}: {named}" + (f" for {why}" if why else "")
+
+    def long_waiting(self, trials: Sequence[TrialView], now: float) -> list[TrialView]:
+        """The trials that have waited to start for :attr:`named_after` seconds or more at
+        ``now``, longest first; a trial is timed from the first line that saw it waiting."""
+        for t in trials:
+            if t.state == WAITING:
+                self.waiting_since.setdefault(t.trial_id, now)
+            else:
+                self.waiting_since.pop(t.trial_id, None)
+        waiting = [t for t in trials if t.state == WAITING
+                   and now - self.waiting_since[t.trial_id] >= self.named_after]
+        return sorted(waiting, key=lambda t: self.waiting_since[t.trial_id])
 
     def seconds_left(self, trials: Sequence[TrialView]) -> float | None:
         """The estimate of the rest (module docstring); None before an epoch was measured."""
@@ -190,6 +239,31 @@ class Progress:
         work = sum(running_left) + sum(to_come)
         parallel = max(1, min(self.slots, len(running_left) + len(to_come)))
         return max(work / parallel, max(running_left, default=0.0))
+
+
+def describe_wait(asked: Mapping[str, float], total: Mapping[str, float],
+                  free: Mapping[str, float], adding: Sequence[str] | None) -> str:
+    """What waiting trials wait for, in words: the resources each asks, what the cluster has of
+    those (``total``) and has free, and the nodes its autoscaler is adding (node types, one
+    entry a node; ``None``: no autoscaler reports, the cluster cannot grow), e.g. "CPU 1, GPU 1
+    each; the cluster has CPU 2 (2 free), GPU 0; its autoscaler is adding worker_gpu x2"."""
+    names = [name for name, amount in sorted(asked.items()) if amount]
+    each = ", ".join(f"{name} {_amount(asked[name])}" for name in names)
+    has = ", ".join(f"{name} {_amount(total.get(name, 0))}"
+                    + (f" ({_amount(free.get(name, 0))} free)" if total.get(name, 0) else "")
+                    for name in names)
+    if adding is None:
+        growth = "no autoscaler adds nodes to it"
+    elif not adding:
+        growth = "its autoscaler is adding no node"
+    else:
+        counts = {kind: adding.count(kind) for kind in dict.fromkeys(adding)}
+        growth = "its autoscaler is adding " + ", ".join(f"{k} x{n}" for k, n in counts.items())
+    return f"{each} each; the cluster has {has}; {growth}"
+
+
+def _amount(value: float) -> str:
+    return f"{value:g}"
 
 
 def _duration(seconds: float) -> str:

@@ -33,6 +33,7 @@ try:
     from studies.catalog import RECIPES, Study, all_studies, get_study
     from studies.debug import run_debug
     from studies.environment import set_quiet_environment
+    from studies.failures import EveryRunFailed
     from studies.plan import Options, StudyPlan
     from studies.signals import Interrupted, StopSignals, StudyIncomplete
 except ModuleNotFoundError as missing:  # the project's dependencies are not in this interpreter
@@ -119,7 +120,10 @@ def main(
     A stop signal (Ctrl-C, SIGTERM, SIGHUP) at any moment ends it with one line, ``interrupted:
     run the same command again to continue``, and exit code 130, whatever it interrupted. A study
     that could not run every run it planned for a reason other than a run's own training (a lost
-    worker, say) ends with one ``error: ...`` line and exit code 1; it too can be continued.
+    worker, say) ends with one ``error: ...`` line and exit code 1; it too can be continued. So
+    does a study whose every run failed in its own training, after its report (which lists
+    the errors). A node that cannot read the study's data or storage is a mistake in the
+    cluster's setup: one line naming the node and the path, exit code 2.
     """
     set_quiet_environment()
 
@@ -128,7 +132,7 @@ def main(
             return _run(build_parser().parse_args(argv), backend, extra_studies)
         except (Interrupted, KeyboardInterrupt):
             return _interrupted()
-        except StudyIncomplete as exc:
+        except (StudyIncomplete, EveryRunFailed) as exc:
             if stops.received:
                 return _interrupted()
             print(f"error: {exc}", file=sys.stderr)

@@ -47,6 +47,7 @@ class Session:
     state: dict[str, Any] = field(default_factory=dict)
     progress: ProgressOptions = field(default_factory=ProgressOptions)
     stops: StopSignals = field(default_factory=StopSignals)  # the driver's stop signals
+    data: dict[str, str] = field(default_factory=dict)  # condition -> its prepared data folder
 
     def check_stop(self) -> None:
         """Raise Interrupted if a stop signal came (before a phase, a Tuner, a saved state)."""

@@ -19,15 +19,21 @@ once Tune has saved the checkpoint, mark included
 newest whole marked checkpoint of its folder (:func:`resume_point`), also when Tune's saved
 state names an older one or one that is gone (:func:`studies.frameworks.tune.labelled_trainable`):
 every epoch MLflow holds is one a restored trial continues after, and the record matches the run.
+
+A trial first checks that its node reads what it needs (:func:`check_readable`): the study's
+Tune storage and its data. A node that cannot (a worker without the shared mount) stops the
+study with one line naming the node and the path (:class:`StopWhenUnreadable`), instead of a
+training failure that Tune retries and the report counts.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import tempfile
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,11 +43,19 @@ import torch
 from ray import tune
 
 import icr.train
+from icr.config import ExperimentConfig, local_paths
 from icr.train.seam import EpochReport
 from icr.workspace import Workspace
 from studies import storage
-from studies.failures import FAILED_IN_TRAINING
-from studies.frameworks.tune import BOOKKEEPING, METADATA_FILE, trial_folder
+from studies.failures import FAILED_IN_TRAINING, NodeCannotRead, node_cannot_read
+from studies.frameworks.tune import (
+    BOOKKEEPING,
+    METADATA_FILE,
+    raised_in_callback,
+    storage_marker,
+    trial_exception,
+    trial_folder,
+)
 from studies.trials import spec_of
 
 FitFn = Callable[..., Any]  # the signature of icr.train.fit
@@ -58,6 +72,7 @@ class TrialJob:
     phase: str  # "search" or "confirm"
     workspace: str
     experiment: str  # where Tune keeps the experiment (its trials' folders)
+    data: Mapping[str, str] = field(default_factory=dict)  # condition -> its prepared data folder
 
 
 def tune_record(report: EpochReport) -> dict[str, Any]:
@@ -77,7 +92,9 @@ def tune_record(report: EpochReport) -> dict[str, Any]:
 def run_trial(trial_config: dict[str, Any], *, job: TrialJob, fit: FitFn | None = None) -> None:
     """Train one trial; Tune calls this in a worker process."""
     fit = fit or icr.train.fit
-    config = spec_of(trial_config).config
+    spec = spec_of(trial_config)
+    config = spec.config
+    check_readable(job, config, spec.condition)
     _use_assigned_cpus()
 
     def reporter(report: EpochReport) -> None:
@@ -106,6 +123,107 @@ def run_trial(trial_config: dict[str, Any], *, job: TrialJob, fit: FitFn | None 
                 if not getattr(exc, _IN_REPORT, False):
                     setattr(exc, FAILED_IN_TRAINING, True)  # travels with it to the driver
                 raise
+
+
+# --- what a trial's node must read ------------------------------------------------------------
+
+
+def check_readable(job: TrialJob, config: ExperimentConfig, condition: str) -> None:
+    """Raise :class:`NodeCannotRead` unless this node reads the study's Tune storage (the
+    marker Tune's driver wrote into the experiment's folder, :func:`storage_marker`) and the
+    trial's data: its condition's data folder as the driver prepared it, and every local file
+    or folder its configuration names (:func:`icr.config.local_paths`). Checked before the
+    trial looks for a checkpoint to resume from: one that cannot see the storage would start
+    over."""
+    problem = storage_problem(job.experiment)
+    if problem:
+        raise NodeCannotRead(
+            f"{node_name()} cannot read the study's Tune storage {job.experiment} ({problem}); "
+            "give every node the same storage: --storage s3://BUCKET/PATH, or a shared file "
+            "system mounted at the same path on every node (docs/clusters.md)")
+    paths = {"the prepared data folder": job.data.get(condition, ""),
+             **{key: str(path) for key, path in local_paths(config).items()}}
+    for what, path in paths.items():
+        problem = path_problem(path) if path else ""
+        if problem:
+            raise NodeCannotRead(
+                f"{node_name()} cannot read {what} {path} ({problem}); mount the data at the "
+                "same path on every node, as on the driver (docs/clusters.md)")
+
+
+def node_name() -> str:
+    """This node as a person finds it: ``node IP (hostname)``."""
+    return f"node {ray.util.get_node_ip_address()} ({socket.gethostname()})"
+
+
+def path_problem(path: str) -> str:
+    """Why ``path`` (a local file or folder) cannot be read here; '' when it can. A folder is
+    listed and a file opened, so that a stale network mount fails here, not in training."""
+    try:
+        if os.path.isdir(path):
+            with os.scandir(path) as entries:
+                next(entries, None)
+        else:
+            with open(path, "rb"):
+                pass
+    except FileNotFoundError:
+        return "no such file or folder on this node"
+    except PermissionError:
+        return "permission denied"
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
+    return ""
+
+
+def storage_problem(experiment: str) -> str:
+    """Why this node does not see the Tune storage of ``experiment`` as the driver wrote it;
+    '' when it does."""
+    fs, marker = storage.filesystem(storage_marker(experiment))
+    try:
+        info = fs.get_file_info(marker)
+    except OSError as exc:  # credentials, an endpoint that does not answer
+        return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if info.type == pyarrow.fs.FileType.NotFound:
+        return "the marker Tune's driver wrote there is not found from this node"
+    return ""
+
+
+class StopWhenUnreadable(tune.Callback):
+    """Stops the Tuner when a trial ended with :class:`NodeCannotRead`.
+
+    Left to Tune, such a trial is retried (``FailureConfig.max_failures``), maybe on a node
+    that reads the data, which hides the one that does not, then counted as a failed run.
+    Raised from this callback (called by Tune before its retry, or when no retry is left), the
+    error ends ``Tuner.fit`` as a driver stopped at that moment ends it: Tune stops the trials,
+    its saved state and the MLflow runs stay as they were, and the same command continues
+    the study once every node reads what it needs. It must come before the MLflow callback,
+    which would record the run as failed.
+    """
+
+    def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self._stop_if_unreadable(trial)
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self._stop_if_unreadable(trial)
+
+    @staticmethod
+    def _stop_if_unreadable(trial: Any) -> None:
+        unreadable = node_cannot_read(trial_exception(trial))
+        if unreadable is not None:
+            raise NodeCannotRead(str(unreadable))
+
+
+@contextlib.contextmanager
+def unreadable_stops() -> Iterator[None]:
+    """Around ``Tuner.fit``: the :class:`NodeCannotRead` that :class:`StopWhenUnreadable` raised
+    comes out as itself (one line, exit code 2), not as Tune's wrapping of it."""
+    try:
+        yield
+    except Exception as exc:
+        unreadable = node_cannot_read(raised_in_callback(exc))
+        if unreadable is None:
+            raise
+        raise NodeCannotRead(str(unreadable)) from None
 
 
 def resume_point(job: TrialJob, local: Path) -> tuple[Path | None, bool]:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import ray
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 from tqdm.auto import tqdm
@@ -37,6 +38,7 @@ from tqdm.auto import tqdm
 from studies import storage
 from studies.failures import error_line, failed_in_training
 from studies.frameworks.optuna import GridOnceSampler
+from studies.frameworks.ray import pending_nodes
 from studies.frameworks.tune import (
     EpochCsvLogger,
     EpochJsonLogger,
@@ -47,14 +49,23 @@ from studies.frameworks.tune import (
     sigint_handler_restored,
     trial_error,
 )
-from studies.progress import DONE, INTERVAL_S, RUNNING, WAITING, Progress, TrialView, say_now
+from studies.progress import (
+    DONE,
+    INTERVAL_S,
+    RUNNING,
+    WAITING,
+    Progress,
+    TrialView,
+    describe_wait,
+    say_now,
+)
 from studies.samplers import SpreadThenTPESampler
 from studies.searcher import StudySearcher, read_state
 from studies.session import Session
 from studies.signals import StudyIncomplete
 from studies.space import ConditionalSpace, grid_points
 from studies.tracking import PARENT_TAG, MlflowTrialCallback
-from studies.trainable import TrialJob, run_trial
+from studies.trainable import StopWhenUnreadable, TrialJob, run_trial, unreadable_stops
 from studies.trials import KEY, TrialSpec, spec_of, trial_label
 
 log = logging.getLogger(__name__)
@@ -93,11 +104,13 @@ class ProgressCallback(tune.Callback):
     """
 
     def __init__(self, progress: Progress, *, say: Callable[[str], None] = say_now,
-                 interval: float = INTERVAL_S, bar: bool = False) -> None:
+                 interval: float = INTERVAL_S, bar: bool = False,
+                 resources: Mapping[str, float] | None = None) -> None:
         self.progress = progress
         self.say = say
         self.interval = interval
         self.bar = bar
+        self.resources = dict(resources or {})  # what each trial asks (named while one waits)
         self._last = progress.clock()
         self._ended: set[str] = set()
         self._tqdm: Any = None
@@ -108,7 +121,7 @@ class ProgressCallback(tune.Callback):
         # output of this driver stay here; a restored one gets fresh ones.
         fresh = Progress(self.progress.title, self.progress.expected, self.progress.max_epochs,
                          self.progress.metric, self.progress.mode, self.progress.slots,
-                         groups=self.progress.groups)
+                         groups=self.progress.groups, named_after=self.progress.named_after)
         return {**self.__dict__, "progress": fresh, "say": say_now, "_tqdm": None, "_last": 0.0,
                 "_ended": set()}
 
@@ -161,7 +174,7 @@ class ProgressCallback(tune.Callback):
     def _status(self, trials: list) -> None:
         self._last = self.progress.clock()
         states = [self._state(t) for t in trials]
-        line = self.progress.line(states)
+        line = self.progress.line(states, self._waits_for)
         if not self.bar:
             self._write(line)
             return
@@ -183,7 +196,13 @@ class ProgressCallback(tune.Callback):
         if trial.trial_id in self._ended or trial.status in ("TERMINATED", "ERROR"):
             return TrialView(trial.trial_id, DONE, epochs, group)
         state = RUNNING if trial.status == "RUNNING" else WAITING
-        return TrialView(trial.trial_id, state, epochs, group)
+        label = trial_label(trial.trial_id, trial.config)
+        return TrialView(trial.trial_id, state, epochs, group, label)
+
+    def _waits_for(self) -> str:
+        """What a trial that waits to start waits for (:func:`studies.progress.describe_wait`)."""
+        return describe_wait(self.resources, ray.cluster_resources(), ray.available_resources(),
+                             pending_nodes())
 
 
 def run_tuner(
@@ -207,7 +226,7 @@ def run_tuner(
         tuner = new_tuner(session, name, trainable, param_space, tune_config, callbacks)
     quiet_retried_syncs()
     session.check_stop()
-    with sigint_handler_restored(lambda: session.stops.note(signal.SIGINT)):
+    with sigint_handler_restored(lambda: session.stops.note(signal.SIGINT)), unreadable_stops():
         grid = tuner.fit()
     session.check_stop()  # Tune stopped on a stop signal and returned normally
     check_ended(grid, expected, title)
@@ -260,7 +279,9 @@ def tuner_callbacks(session: Session, name: str, phase: str, conditions: tuple[s
         session.fingerprints, {c.name: c.config.epochs for c in plan.conditions},
         plan.storage_root,
     )
-    return [recorder, progress_callback(session, conditions, title, expected),
+    # StopWhenUnreadable first: a trial whose node cannot read its data is not a failed run
+    return [StopWhenUnreadable(), recorder,
+            progress_callback(session, conditions, title, expected),
             EpochJsonLogger(), EpochCsvLogger()]
 
 
@@ -322,9 +343,9 @@ def progress_callback(session: Session, conditions: tuple[str, ...], title: str,
     # Every condition plans as many trials (a search has one; a confirmation, the seeds).
     groups = dict.fromkeys(conditions, expected // len(conditions))
     progress = Progress(title, expected, epochs, plan.study.metric, plan.study.mode,
-                        session.concurrency, options.clock, groups)
+                        session.concurrency, options.clock, groups, options.named_after)
     return ProgressCallback(progress, say=options.say, interval=options.interval,
-                            bar=options.use_bar())
+                            bar=options.use_bar(), resources=session.resources)
 
 
 def start_over(session: Session, name: str, path: str) -> None:
@@ -347,7 +368,7 @@ def search(session: Session, condition: str) -> list[TrialRecord]:
     study = plan.study
     name = f"search-{condition}"
     job = TrialJob(study.name, "search", str(plan.workspace.root),
-                   experiment=session.experiment_path(name))
+                   experiment=session.experiment_path(name), data=session.data)
     grid = grid_points(cond.domains)
     trials = cond.trials(plan.budget)
     sampler = (GridOnceSampler(grid, seed=study.searcher_seed) if grid is not None else
@@ -389,7 +410,7 @@ def confirm(session: Session, winners: Mapping[str, Mapping[str, Any]]) -> list[
                                {**winners[c.name], "train.seed": seed})
              for c in chosen for seed in plan.seeds]
     job = TrialJob(plan.study.name, "confirm", str(plan.workspace.root),
-                   experiment=session.experiment_path("confirm"))
+                   experiment=session.experiment_path("confirm"), data=session.data)
     tune_config = tune.TuneConfig(num_samples=1, max_concurrent_trials=session.concurrency)
     return run_tuner(session, "confirm", job, tuple(winners), {KEY: tune.grid_search(specs)},
                      tune_config, expected=len(specs), title="confirm")

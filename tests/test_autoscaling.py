@@ -55,8 +55,9 @@ def cluster_yaml() -> dict:
 
 
 def test_a_study_joining_cluster_yaml_is_sized_for_the_gpus_it_can_reach() -> None:
-    """cluster.yaml: at most 8 workers of worker_gpu1 (1 GPU, 8 CPUs, up to 8) and worker_gpu4
-    (4 GPUs, 48 CPUs, up to 2): the most GPUs are 2 x 4 + 6 x 1 = 14."""
+    """cluster.yaml: at most 8 workers of worker_gpu1 (1 GPU, 16 CPUs, up to 8) and worker_gpu4
+    (4 GPUs, 48 CPUs, up to 2): the most GPUs are 2 x 4 + 6 x 1 = 14; a trial takes the fewest
+    CPUs per GPU (12), at most 8."""
     growth = growth_from_config(cluster_yaml(), "cluster.yaml")
     joined = Cluster("10.0.0.5:6379", None, cpus=0, gpus=0, nodes=1, started_here=False,
                      shapes=((0.0, 0.0),), growth=growth)
@@ -67,7 +68,7 @@ def test_a_study_joining_cluster_yaml_is_sized_for_the_gpus_it_can_reach() -> No
         "Ray: 1 node(s), 0 CPUs, 0 GPUs; autoscaling: 0 of up to 14 GPUs now, worker_gpu4 x2, "
         "worker_gpu1 x6 (cluster.yaml); one GPU and 8 CPU(s) per trial; 14 trial(s) at a time")
     shared = joined.trial_resources(trials_per_gpu=4)
-    assert shared == {"cpu": 2, "gpu": 0.25} and joined.concurrency(shared) == 56
+    assert shared == {"cpu": 3, "gpu": 0.25} and joined.concurrency(shared) == 56
     # GPUs already up count among those the autoscaler can reach, not beside them.
     grown = replace(joined, cpus=56, gpus=5, nodes=3, shapes=((0.0, 0.0), (48.0, 4.0), (8.0, 1.0)))
     assert grown.reachable_gpus == 14 and grown.describe(resources).startswith(

@@ -25,8 +25,9 @@ STUDY = get_study("ltd_bound")
 def test_the_driver_says_the_data_fingerprint_when_it_prepares(tmp_path: Path):
     plan = StudyPlan.build(STUDY, Options(workspace=str(tmp_path)))
     lines: list[str] = []
-    prints = prepare_data(plan, Backend(prepare=fake_prepare), say=lines.append)
-    assert prints == {c.name: "fake-default-0" for c in plan.conditions}
+    prepared = prepare_data(plan, Backend(prepare=fake_prepare), say=lines.append)
+    assert {c: p.fingerprint for c, p in prepared.items()} == \
+        {c.name: "fake-default-0" for c in plan.conditions}
     # once per distinct data configuration (ltd_bound: the baseline's, then the decoders')
     assert lines.count("  data fingerprint fake-default-0") == 2
     assert lines.index("  data fingerprint fake-default-0") == 1  # right after the first prepare

@@ -367,4 +367,4 @@ def test_cluster_yaml_follows_rays_schema() -> None:
     assert types[config["head_node_type"]]["resources"].get("GPU", 0) == 0
     assert any(t["resources"].get("GPU", 0) >= 1 for t in types.values())
     text = (ROOT / "cluster.yaml").read_text()
-    assert "ICR_STORAGE" in text and "MLFLOW_TRACKING_URI" in text and "make install" in text
+    assert "ICR_WORKSPACE" in text and "MLFLOW_TRACKING_URI" in text and config["docker"]["image"]

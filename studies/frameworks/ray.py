@@ -5,7 +5,8 @@ cannot do: keeping a loopback address as given (Ray replaces 127.0.0.1 by the ma
 where a loopback-only instance does not listen), Ray's token files, the address file that
 ``ray start`` writes and ``--address auto`` reads, the lines and files by which a node
 started with ``ray start`` tells that it runs, and where the autoscaler of a cluster keeps the
-node types it can add (:func:`autoscaler_config_file`). The modules that use them
+node types it can add (:func:`autoscaler_config_file`) and the nodes it is adding
+(:func:`pending_nodes`). The modules that use them
 (:mod:`studies.launcher`, :mod:`studies.connection`) use Ray's public API for the rest.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import json
 import os
 import socket
 from collections.abc import Iterator
@@ -65,6 +67,15 @@ with _reaching("ray._private.services.resolve_ip_for_localhost"):
     from ray._private import services
 with _reaching("ray._private.authentication.authentication_token_setup"):
     from ray._private.authentication import authentication_token_setup as auth
+# What `ray status` reads: autoscaler v1 writes its report as JSON under this key of the GCS's
+# key-value store; autoscaler v2 answers ray.autoscaler.v2.sdk.get_cluster_status.
+with _reaching("ray._private.ray_constants.DEBUG_AUTOSCALING_STATUS"):
+    from ray._private.ray_constants import DEBUG_AUTOSCALING_STATUS
+with _reaching("ray.autoscaler.v2.sdk.get_cluster_status"):
+    from ray.autoscaler.v2.sdk import get_cluster_status
+    from ray.autoscaler.v2.utils import is_autoscaler_v2
+with _reaching("ray.experimental.internal_kv._internal_kv_get"):
+    from ray.experimental.internal_kv import _internal_kv_get
 
 
 def recorded_address() -> str | None:
@@ -168,3 +179,33 @@ def _is_this_machine(host: str) -> bool:
 
 def _option(args: list[str], prefix: str) -> str | None:
     return next((a[len(prefix):] for a in args if a.startswith(prefix)), None)
+
+
+def pending_nodes() -> list[str] | None:
+    """The nodes the autoscaler of the connected cluster is adding, as ``ray status`` lists
+    them under "Pending" (launches requested and nodes started that have not joined): their
+    node types, one entry a node. ``None`` when no autoscaler reports (a cluster that cannot
+    grow) or its report cannot be read."""
+    try:
+        if is_autoscaler_v2():
+            status = get_cluster_status(ray.get_runtime_context().gcs_address)
+            return ([launch.ray_node_type_name for launch in status.pending_launches
+                     for _ in range(launch.count)]
+                    + [node.ray_node_type_name for node in status.pending_nodes])
+        raw = _internal_kv_get(DEBUG_AUTOSCALING_STATUS)
+    except Exception:  # noqa: BLE001 - a report the status line can do without
+        return None
+    if not raw:
+        return None
+    try:
+        return pending_in_report(json.loads(raw).get("autoscaler_report") or {})
+    except (ValueError, TypeError, AttributeError):
+        return None
+
+
+def pending_in_report(report: dict) -> list[str]:
+    """The pending nodes of an autoscaler v1 report (``AutoscalerSummary`` as JSON):
+    ``pending_launches`` (node type -> count) and ``pending_nodes`` ([ip, node type, status])."""
+    launches = [kind for kind, count in (report.get("pending_launches") or {}).items()
+                for _ in range(int(count))]
+    return launches + [str(node[1]) for node in report.get("pending_nodes") or ()]

@@ -11,6 +11,10 @@ with Ray Tune 2.60.0).
   (read without executing them); :func:`newest_searcher_state`: the one a restore reads;
 - :func:`trial_folder`: how Tune names a trial's folder in the experiment;
 - :func:`trial_error`: where Tune writes a failed trial's error before it syncs it;
+  :func:`trial_exception`: the same error as the exception the trial raised;
+  :func:`raised_in_callback`: how an exception raised in a callback comes out of ``fit``;
+- :func:`storage_marker`: the file by which Tune's driver marks an experiment's storage, which
+  every node that shares the storage sees;
 - :func:`quiet_retried_syncs`: the logger and the text of one harmless warning of Tune's syncer;
 - :func:`sigint_handler_restored`: Tune's SIGINT handler, left installed after ``fit``.
 """
@@ -33,7 +37,9 @@ from typing import Any
 
 import pyarrow.fs
 import ray
+import ray.cloudpickle
 from ray import tune
+from ray.tune.error import TuneError
 from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
 from studies import storage
@@ -62,6 +68,8 @@ with _reaching("ray.train._checkpoint._METADATA_FILE_NAME"):
     from ray.train._checkpoint import _METADATA_FILE_NAME
 with _reaching("ray.tune.trainable.function_trainable.wrap_function"):
     from ray.tune.trainable.function_trainable import wrap_function
+with _reaching("ray.train._internal.storage._VALIDATE_STORAGE_MARKER_FILENAME"):
+    from ray.train._internal.storage import _VALIDATE_STORAGE_MARKER_FILENAME as STORAGE_MARKER
 
 # the keys Tune adds to a trial's reported metrics
 BOOKKEEPING = frozenset({*AUTO_RESULT_KEYS, "done", "trial_id", "should_checkpoint", "experiment_tag"})
@@ -228,6 +236,38 @@ def trial_error(trial: Any) -> str | None:
     if path and Path(path).is_file():
         return Path(path).read_text()
     return trial.get_error()
+
+
+def trial_exception(trial: Any) -> BaseException | None:
+    """The error that ended a trial's last try, as the exception Tune caught (a ``RayTaskError``
+    whose ``cause`` is the trial's own exception), read from the pickle Tune writes beside the
+    error file in the driver's staging folder (``None`` when there is none, e.g. a lost actor).
+    The driver reads back what it wrote itself, never a file from the shared storage."""
+    path = getattr(trial, "pickled_error_file", None)
+    if not path or not Path(path).is_file():
+        return None
+    try:
+        with open(path, "rb") as f:
+            error = ray.cloudpickle.load(f)  # as Trial.handle_error wrote it
+    except Exception:  # noqa: BLE001 - a class that no longer unpickles: no exception to read
+        return None
+    return error if isinstance(error, BaseException) else None
+
+
+def raised_in_callback(error: BaseException) -> BaseException | None:
+    """The exception a Tune callback raised while the Tuner handled a trial's result or
+    failure: Tune 2.60 raises ``TuneError(traceback text)`` out of ``fit`` in its place, with
+    the callback's exception as its context. ``None`` for any other error."""
+    if isinstance(error, TuneError) and isinstance(error.__context__, Exception):
+        return error.__context__
+    return None
+
+
+def storage_marker(experiment: str) -> str:
+    """The file that Tune's driver writes into an experiment's storage folder when the Tuner
+    starts (``StorageContext`` checks for it before it copies a checkpoint): a node that sees
+    it shares the driver's storage."""
+    return storage.join(experiment, STORAGE_MARKER)
 
 
 @contextlib.contextmanager
