@@ -225,6 +225,7 @@ def open_session(
                        **{f"label.{c.name}": c.label for c in plan.conditions},
                        **{f"searched.{c.name}": ",".join(c.domains) for c in plan.conditions},
                        **domain_tags({c.name: c.domains for c in plan.conditions}),
+                       **(plan.warm.tags() if plan.warm is not None else {}),
                        **{f"data_fingerprint.{c}": f for c, f in fingerprints.items()}}
         params = {"budget": plan.budget, "seeds": ",".join(map(str, plan.seeds)),
                   "max_epochs": plan.max_epochs, "smoke": plan.smoke,
