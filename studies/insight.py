@@ -7,8 +7,8 @@ search runs in MLflow (:mod:`studies.space_analysis`):
   the validation objective's variance (or the line saying why there is no estimate), logged on
   the parent run as ``importance.<condition>.<key>`` (and ``importance_spread.<...>``);
 - ``parallel_<condition>.png``: every trial through its values (:mod:`studies.space_figures`);
-- for a study with a ``cost``: ``pareto_<condition>.png`` and the front's table; the front's runs
-  are tagged ``pareto_front=true`` in MLflow.
+- for a study with a ``cost``: ``pareto.png`` and the table of the study's Pareto front (every
+  full-budget run of every condition); the front's runs are tagged ``pareto_front=true``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from studies.catalog import Study
 from studies.figures import render
 from studies.runs import RunSet
 from studies.space_analysis import (
-    condition_front,
     domains_from_tags,
     estimate_importance,
     front_markdown,
@@ -28,6 +27,7 @@ from studies.space_analysis import (
     importance_metrics,
     observed_domains,
     search_trials,
+    study_front,
 )
 from studies.space_figures import importance_figure, parallel_figure, pareto_figure
 
@@ -65,14 +65,17 @@ def write_insight(study: Study, runs: RunSet, tags: dict[str, str], out: Path) -
         figures = [importance_figure(importance, condition.label),
                    parallel_figure(condition.name, condition.label, trials, domains,
                                    study.metric, study.mode)]
-        if study.cost:
-            front = condition_front(trials, condition.name, study.metric, study.cost, study.mode)
-            parts.append(front_markdown(front, condition.label))
-            insight.front_runs += [front.trials[i].run_id for i in front.front]
-            figures.append(pareto_figure(front, condition.label, study.mode))
         for figure in figures:
             if render(figure, runs, out / f"{figure.name}.png"):
                 insight.files.append(f"{figure.name}.png")
+    if study.cost:
+        front = study_front(runs, [c.name for c in study.conditions], study.metric, study.cost,
+                            study.mode)
+        parts.append(front_markdown(front, study.mode))
+        insight.front_runs += [front.trials[i].run_id for i in front.front]
+        figure = pareto_figure(front, study.mode)
+        if render(figure, runs, out / f"{figure.name}.png"):
+            insight.files.append(f"{figure.name}.png")
     if parts:
         insight.markdown = "## What the search learned about its space\n\n" + "\n".join(parts)
         (out / SECTION).write_text(insight.markdown, encoding="utf-8")

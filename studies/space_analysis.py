@@ -18,8 +18,11 @@ estimators as an in-memory study (``optuna.trial.create_trial``, ``Study.add_tri
   under the triplet loss) is absent from that trial; such a conditional key is estimated among
   the trials that use it, together with the keys those trials share.
 - **Pareto front** (:func:`pareto_front`): with a second objective to minimise (a study's
-  ``cost``, e.g. seconds per epoch), the full-budget trials no other trial beats on both
-  objectives, from ``Study.best_trials`` of a two-objective study.
+  ``cost``, e.g. seconds per epoch), the full-budget runs no other run beats on both objectives,
+  from ``Study.best_trials`` of a two-objective study. The front spans the whole study
+  (:func:`study_front`): every search trial that ran the full budget and every finished
+  confirmation run, of every condition, on the validation objective, so that a condition with
+  nothing to search (the baseline) and one architecture against another are on one front.
 
 The searched domains are recorded on the study's parent run (:func:`domain_tags`), so the
 report, rebuilt later with ``python -m studies.report``, knows each key's range and choices.
@@ -134,13 +137,15 @@ class SearchTrial:
     value: float | None
     epochs: int
     cost: float | None = None
+    condition: str = ""
+    phase: str = "search"
 
 
 def search_trials(runs: RunSet, condition: str, metric: str, keys: Iterable[str],
-                  cost: str = "") -> list[SearchTrial]:
-    """The search trials of ``condition`` with their values of ``keys`` (a key its
-    configuration does not use is absent)."""
-    rows = runs.where(phase="search", condition=condition)
+                  cost: str = "", phase: str = "search") -> list[SearchTrial]:
+    """The search trials (or the runs of another ``phase``) of ``condition`` with their values
+    of ``keys`` (a key its configuration does not use is absent)."""
+    rows = runs.where(phase=phase, condition=condition)
     out = []
     for _, row in rows.iterrows():
         if row["status"] == "FAILED":
@@ -155,7 +160,8 @@ def search_trials(runs: RunSet, condition: str, metric: str, keys: Iterable[str]
             series = runs.history(row["run_id"], cost)[1]
             spent = float(np.mean(series)) if series else None
         out.append(SearchTrial(str(row["run_id"]), str(row["run_name"]), state, params,
-                               _finite_or_none(row.get(metric)), _epochs(row.get("epochs")), spent))
+                               _finite_or_none(row.get(metric)), _epochs(row.get("epochs")), spent,
+                               condition, phase))
     return out
 
 
@@ -373,35 +379,46 @@ def pareto_front(points: Sequence[tuple[float, float]], mode: str) -> list[int]:
 
 @dataclass(frozen=True)
 class Front:
-    """A condition's full-budget trials on the two objectives, and which are on the front."""
+    """A study's full-budget runs on the two objectives, and which are on the front."""
 
-    condition: str
     metric: str
     cost: str
-    trials: tuple[SearchTrial, ...]  # full-budget trials with both objectives
+    trials: tuple[SearchTrial, ...]  # full-budget runs with both objectives
     front: tuple[int, ...]  # indices into ``trials``, by cost
 
 
-def condition_front(trials: Sequence[SearchTrial], condition: str, metric: str, cost: str,
-                    mode: str) -> Front:
-    """The Pareto front of a condition's full-budget trials (objective against cost)."""
+def front_of(trials: Sequence[SearchTrial], metric: str, cost: str, mode: str) -> Front:
+    """The Pareto front of the full-budget ``trials`` (objective against cost)."""
     usable = tuple(t for t in trials if t.state == COMPLETE and t.value is not None
                    and t.cost is not None)
     front = pareto_front([(t.value, t.cost) for t in usable], mode)
-    return Front(condition, metric, cost, usable,
+    return Front(metric, cost, usable,
                  tuple(sorted(front, key=lambda i: (usable[i].cost, usable[i].run_id))))
 
 
-def front_markdown(front: Front, label: str) -> str:
+def study_front(runs: RunSet, conditions: Sequence[str], metric: str, cost: str,
+                mode: str) -> Front:
+    """The front of a whole study run: every condition's full-budget search trials and finished
+    confirmation runs, on the validation objective (module docstring)."""
+    trials = [t for phase in ("search", "confirm") for c in conditions
+              for t in search_trials(runs, c, metric, (), cost, phase)]
+    return front_of(trials, metric, cost, mode)
+
+
+def front_markdown(front: Front, mode: str) -> str:
     """The front as a Markdown table, each point its MLflow run."""
-    head = (f"### Quality against cost: {label}\n\n"
-            f"{front.metric} (higher is better unless the study minimises it) against "
-            f"{front.cost} (lower is better) over {len(front.trials)} full-budget trial(s); the "
-            "Pareto front, by cost (MLflow tag `pareto_front=true` on these runs):\n\n")
+    better = "higher" if mode == "max" else "lower"
+    head = (f"### Quality against cost\n\n{front.metric} ({better} is better) against "
+            f"{front.cost} (its mean over a run's epochs, lower is better) over the "
+            f"{len(front.trials)} full-budget run(s) of the study (search trials and "
+            "confirmation runs)")
     if not front.trials:
-        return head.split(";")[0] + ": no full-budget trial recorded both.\n"
-    rows = [f"| run | {front.metric} | {front.cost} | MLflow run |", "|---|---:|---:|---|"]
+        return head + ": none recorded both.\n"
+    rows = [f"| run | condition | phase | {front.metric} | {front.cost} | MLflow run |",
+            "|---|---|---|---:|---:|---|"]
     for i in front.front:
         t = front.trials[i]
-        rows.append(f"| {t.name} | {t.value:.2f} | {t.cost:.3g} | `{t.run_id}` |")
-    return head + "\n".join(rows) + "\n"
+        rows.append(f"| {t.name} | {t.condition} | {t.phase} | {t.value:.2f} | {t.cost:.3g} | "
+                    f"`{t.run_id}` |")
+    return head + "; the Pareto front, by cost (tagged `pareto_front=true` in MLflow):\n\n" + \
+        "\n".join(rows) + "\n"

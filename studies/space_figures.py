@@ -128,21 +128,25 @@ def importance_bars(importance: Importance) -> Any:
 
 
 def pareto_plot(front: Front, mode: str) -> Any:
-    """Every full-budget trial at (cost, objective), the Pareto front joined and labelled."""
+    """Every full-budget run at (cost, objective), one colour per condition, the Pareto front
+    joined and each of its points labelled with its run's name."""
 
     def draw(runs: RunSet, ax: Any) -> bool:
         if not front.trials:
             return False
-        ax.scatter([t.cost for t in front.trials], [t.value for t in front.trials], color="0.6",
-                   s=18, label="full-budget trial")
+        for c, condition in enumerate(dict.fromkeys(t.condition for t in front.trials)):
+            mine = [t for t in front.trials if t.condition == condition]
+            ax.scatter([t.cost for t in mine], [t.value for t in mine], color=f"C{c % 10}",
+                       s=18, alpha=0.7, label=condition)
         on = [front.trials[i] for i in front.front]
-        ax.step([t.cost for t in on], [t.value for t in on], where="post", color="C3", lw=1.2)
-        ax.scatter([t.cost for t in on], [t.value for t in on], color="C3", s=30, zorder=3,
-                   label=f"Pareto front ({len(on)})")
+        step = "post" if mode == "max" else "pre"
+        ax.step([t.cost for t in on], [t.value for t in on], where=step, color="0.2", lw=1.0)
+        ax.scatter([t.cost for t in on], [t.value for t in on], facecolors="none",
+                   edgecolors="0.1", s=70, lw=1.2, zorder=3, label=f"Pareto front ({len(on)})")
         for t in on:
             ax.annotate(t.name, (t.cost, t.value), xytext=(4, 4), textcoords="offset points",
                         fontsize=6)
-        ax.set_xlabel(f"{front.cost} (lower is better)")
+        ax.set_xlabel(f"{front.cost} (mean over a run's epochs; lower is better)")
         ax.set_ylabel(f"{front.metric} ({'higher' if mode == 'max' else 'lower'} is better)")
         ax.legend(fontsize=7, loc="best")
         return True
@@ -161,6 +165,6 @@ def importance_figure(importance: Importance, label: str) -> Figure:
                   f"Importance of the searched keys: {label}", importance_bars(importance))
 
 
-def pareto_figure(front: Front, label: str, mode: str) -> Figure:
-    return Figure(f"pareto_{front.condition}", f"Quality against cost: {label}",
+def pareto_figure(front: Front, mode: str) -> Figure:
+    return Figure("pareto", f"Quality against cost: {front.metric} and {front.cost}",
                   pareto_plot(front, mode))

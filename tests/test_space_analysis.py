@@ -25,16 +25,17 @@ from studies.space_analysis import (  # noqa: E402
     FAIL,
     PRUNED,
     SearchTrial,
-    condition_front,
     contains,
     domain_tags,
     domains_from_tags,
     estimate_importance,
+    front_of,
     importance_markdown,
     needed_trials,
     observed_domains,
     pareto_front,
     search_trials,
+    study_front,
 )
 from studies.space_figures import FAILED_STYLE, PRUNED_STYLE, parallel_coordinates  # noqa: E402
 
@@ -214,13 +215,13 @@ def test_the_pareto_front_is_the_brute_force_one(mode):
     assert pareto_front([], mode) == []
 
 
-def test_a_condition_s_front_holds_full_budget_trials_by_cost():
+def test_the_front_holds_full_budget_runs_by_cost():
     trials = [SearchTrial("a", "a", COMPLETE, {}, 300.0, 4, 9.0),
               SearchTrial("b", "b", COMPLETE, {}, 280.0, 4, 3.0),
               SearchTrial("c", "c", COMPLETE, {}, 270.0, 4, 5.0),  # worse and dearer than b
               SearchTrial("d", "d", PRUNED, {}, 400.0, 1, 1.0),  # stopped early: not a point
               SearchTrial("e", "e", COMPLETE, {}, 250.0, 4, None)]  # no cost recorded
-    front = condition_front(trials, "x", "val_rsum", "epoch_time_s", "max")
+    front = front_of(trials, "val_rsum", "epoch_time_s", "max")
     assert [t.run_id for t in front.trials] == ["a", "b", "c"]
     assert [front.trials[i].run_id for i in front.front] == ["b", "a"]
 
@@ -228,7 +229,9 @@ def test_a_condition_s_front_holds_full_budget_trials_by_cost():
 # --- the report's section, from runs as MLflow holds them ------------------------------------------
 
 
-def test_the_report_section_from_search_runs(tmp_path):
+def study_runs() -> RunSet:
+    """Ten search trials of a Lagrangian condition (every fourth stopped early), its confirmation
+    runs and a baseline's, each with a cost that grows with eta (the baseline's the lowest)."""
     rng = random.Random(0)
     rows, history = [], {}
     for i in range(10):
@@ -239,7 +242,16 @@ def test_the_report_section_from_search_runs(tmp_path):
                      "budget_complete": "false" if stopped else "true", "objective.eta": eta,
                      "val_rsum": 300 - 4000 * (eta - 0.17) ** 2})
         history[(f"s{i}", "epoch_time_s")] = ([1, 2], [1.0 + eta * 10, 1.0 + eta * 10])
-    runs = RunSet(pd.DataFrame(rows), lambda run, key: history.get((run, key), ([], [])))
+    for seed, (condition, value, cost) in enumerate([("lagrangian", 301.0, 2.7), ("contrastive", 250.0, 0.5)]):
+        rows.append({"run_id": f"c{seed}", "run_name": f"{condition} seed={seed}", "status": "FINISHED",
+                     "phase": "confirm", "condition": condition, "epochs": 4, "budget_complete": "true",
+                     "val_rsum": value})
+        history[(f"c{seed}", "epoch_time_s")] = ([1, 2, 3, 4], [cost] * 4)
+    return RunSet(pd.DataFrame(rows), lambda run, key: history.get((run, key), ([], [])))
+
+
+def test_the_report_section_from_runs_as_mlflow_holds_them(tmp_path):
+    runs = study_runs()
     study = Study("s", "s", {}, "x.yaml", (Condition("contrastive", "BL"),
                                            Condition("lagrangian", "BL + LTD")),
                   cost="epoch_time_s")
@@ -248,15 +260,19 @@ def test_the_report_section_from_search_runs(tmp_path):
     insight = write_insight(study, runs, tags, tmp_path)
     assert insight.metrics["importance.lagrangian.objective.eta"] == pytest.approx(1.0)
     assert "importance_spread.lagrangian.objective.eta" in insight.metrics
-    for name in ("importance_lagrangian.png", "parallel_lagrangian.png", "pareto_lagrangian.png"):
+    for name in ("importance_lagrangian.png", "parallel_lagrangian.png", "pareto.png"):
         assert (tmp_path / name).stat().st_size > 5000 and name in insight.files
+    assert not (tmp_path / "parallel_contrastive.png").exists()  # nothing searched there
     text = (tmp_path / "search_space.md").read_text()
-    assert "| `objective.eta` | 1.000 |" in text and "Quality against cost: BL + LTD" in text
-    trials = search_trials(runs, "lagrangian", "val_rsum", ["objective.eta"], "epoch_time_s")
-    oracle = brute_force_front([(t.value, t.cost) for t in trials if t.state == COMPLETE], "max")
-    assert len(insight.front_runs) == len(oracle) >= 1
+    assert "| `objective.eta` | 1.000 |" in text and "### Quality against cost" in text
+    # the front spans the study: the baseline's cheap confirmation run and the search trials
+    points = [t for phase in ("search", "confirm") for c in ("contrastive", "lagrangian")
+              for t in search_trials(runs, c, "val_rsum", [], "epoch_time_s", phase)
+              if t.state == COMPLETE]
+    oracle = {points[i].run_id for i in brute_force_front([(t.value, t.cost) for t in points], "max")}
+    assert set(insight.front_runs) == oracle and {"c0", "c1"} <= oracle
     assert all(f"`{run}`" in text for run in insight.front_runs)  # each point names its run
-    assert {t.state for t in trials} == {COMPLETE, PRUNED}
+    assert study_front(runs, ["lagrangian"], "val_rsum", "epoch_time_s", "max").trials
 
 
 def test_one_searched_key_is_estimated_from_three_full_budget_trials():

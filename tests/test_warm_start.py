@@ -17,7 +17,13 @@ from studies.space import ConditionalSpace, Domain
 from studies.space_analysis import COMPLETE, PRUNED
 from studies.tracking import PARENT_TAG, Tracker
 from studies.trials import KEY, TrialSpec
-from studies.warm_start import OBSERVED_ATTR, Observation, WarmStart, load_warm_start, observed_numbers
+from studies.warm_start import (
+    OBSERVED_ATTR,
+    Observation,
+    WarmStart,
+    load_warm_start,
+    observed_numbers,
+)
 
 from fakes import fake_study
 
