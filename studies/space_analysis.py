@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -236,12 +236,12 @@ def estimate_importance(trials: Sequence[SearchTrial], domains: Mapping[str, Dom
     needed = needed_trials(len(domains))  # every searched key, whether it varied or not
     base = Importance(condition, evaluator, len(finished), needed)
     if len(finished) < needed:
-        return _with(base, note=f"{len(finished)} trial(s) ran the full budget; the estimate "
+        return replace(base, note=f"{len(finished)} trial(s) ran the full budget; the estimate "
                                 f"needs {needed} (raise the budget)")
     if len({t.value for t in finished}) == 1:
-        return _with(base, note="every full-budget trial scored the same: nothing to attribute")
+        return replace(base, note="every full-budget trial scored the same: nothing to attribute")
     if not common:
-        return _with(base, note="no searched key took two values among the full-budget trials")
+        return replace(base, note="no searched key took two values among the full-budget trials")
     estimated = list(_shares(finished, domains, common, mode, evaluator, seeds, conditional=False))
     for key in domains:
         if key in common:
@@ -254,13 +254,7 @@ def estimate_importance(trials: Sequence[SearchTrial], domains: Mapping[str, Dom
                                              conditional=True) if k.key == key]
     # a conditional key's share is of the variance among the trials that use it: listed after
     estimated.sort(key=lambda k: (k.conditional, -k.mean, k.key))
-    return _with(base, keys=tuple(estimated))
-
-
-def _with(base: Importance, **changes: Any) -> Importance:
-    from dataclasses import replace
-
-    return replace(base, **changes)
+    return replace(base, keys=tuple(estimated))
 
 
 def _varying(trials: Sequence[SearchTrial], keys: Sequence[str]) -> list[str]:

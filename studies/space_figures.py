@@ -21,8 +21,9 @@ from studies.space_analysis import COMPLETE, FAIL, PRUNED, Front, Importance, Se
 if TYPE_CHECKING:
     from studies.runs import RunSet
 
-PRUNED_STYLE = {"color": "0.55", "lw": 0.9, "ls": "--", "alpha": 0.8}
-FAILED_STYLE = {"color": "C3", "lw": 0.9, "ls": ":", "alpha": 0.9}
+# a stopped or failed trial of a one-key search is a point: its marker must show on its own
+PRUNED_STYLE = {"color": "0.55", "lw": 0.9, "ls": "--", "alpha": 0.8, "marker": "o", "ms": 4}
+FAILED_STYLE = {"color": "C3", "lw": 0.9, "ls": ":", "alpha": 0.9, "marker": "x", "ms": 6}
 
 
 def axis_position(domain: Domain, value: Any) -> float:
@@ -75,8 +76,7 @@ def parallel_coordinates(trials: Sequence[SearchTrial], domains: Mapping[str, Do
                 ax.plot(xs, ys + [norm(t.value)], color=cmap(norm(t.value)), lw=1.6, marker="o",
                         ms=3)
             else:
-                ax.plot(xs[:-1], ys, marker="o", ms=2,
-                        **(FAILED_STYLE if t.state == FAIL else PRUNED_STYLE))
+                ax.plot(xs[:-1], ys, **(FAILED_STYLE if t.state == FAIL else PRUNED_STYLE))
         for i, key in enumerate(keys):
             ax.axvline(i, color="0.2", lw=0.8)
             for y, text in _axis_labels(domains[key]):
