@@ -161,7 +161,7 @@ def _print_plan(plan: StudyPlan, calibrate: int | None, gpus: int | None) -> int
     return 0
 
 
-def _warm_started(plan: StudyPlan, source: str, say: bool) -> StudyPlan:
+def _warm_started(plan: StudyPlan, source: str, announce: bool) -> StudyPlan:
     """The plan with the earlier study's trials (``--warm-start``), read before anything is
     written; what each condition takes is said now (``--plan`` lists it with the plan)."""
     import dataclasses
@@ -169,7 +169,7 @@ def _warm_started(plan: StudyPlan, source: str, say: bool) -> StudyPlan:
     from studies.warm_start import load_warm_start  # lazy: keeps MLflow off --help and --list
 
     plan = dataclasses.replace(plan, warm=load_warm_start(source, plan))
-    for line in plan.warm.describe() if say else ():
+    for line in plan.warm.describe() if announce else ():
         print(line)
     return plan
 
@@ -223,7 +223,7 @@ def _run(args: argparse.Namespace, backend: object | None, extra: Mapping[str, S
     # every user mistake surfaces here, nothing written yet (--plan lists what a recipe lacks)
     plan = StudyPlan.build(study, options, strict=not args.plan)
     if args.warm_start:
-        plan = _warm_started(plan, args.warm_start, say=not args.plan)
+        plan = _warm_started(plan, args.warm_start, announce=not args.plan)
     if args.plan:
         return _print_plan(plan, args.calibrate, args.gpus)
     if args.condition:

@@ -3,7 +3,12 @@ trials trade quality for cost.
 
 Both analyses read the search trials from MLflow (:class:`~studies.runs.RunSet`), as the rest of
 the report does, so every number is traceable to a run, and hand them to Optuna's own
-estimators as an in-memory study (``optuna.trial.create_trial``, ``Study.add_trials``):
+estimators as an in-memory study (``optuna.trial.create_trial``, ``Study.add_trials``). The
+searcher's own Optuna study is not read: it lives in memory on the driver and is saved as JSON
+in the Tune experiment's storage (:mod:`studies.searcher`), which may be a bucket the machine
+rebuilding a report (``python -m studies.report``) cannot reach, and its CSV log holds no
+domains; the MLflow runs hold the same trials (each run's searched values, how it ended, its
+per-epoch scores) with their run ids.
 
 - **Importance** (:func:`estimate_importance`): the share of the validation objective's
   variance each searched key explains, by functional ANOVA over a random forest fitted to the
@@ -120,7 +125,8 @@ def contains(domain: Domain, value: Any) -> bool:
 
 @dataclass(frozen=True)
 class SearchTrial:
-    """One search trial of a condition, from its MLflow run.
+    """One trial of a condition, from its MLflow run: a search trial (or, for the Pareto front,
+    a confirmation run, ``phase``).
 
     Attributes:
         state: how it ended, as Optuna was told: COMPLETE (the full budget), PRUNED (stopped by
