@@ -418,7 +418,7 @@ def front_markdown(front: Front, mode: str) -> str:
             "|---|---|---|---:|---:|---|"]
     for i in front.front:
         t = front.trials[i]
-        rows.append(f"| {t.name} | {t.condition} | {t.phase} | {t.value:.2f} | {t.cost:.3g} | "
+        rows.append(f"| {t.name} | {t.condition} | {t.phase} | {t.value:.2f} | {t.cost:.4g} | "
                     f"`{t.run_id}` |")
     return head + "; the Pareto front, by cost (tagged `pareto_front=true` in MLflow):\n\n" + \
         "\n".join(rows) + "\n"
