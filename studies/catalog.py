@@ -23,6 +23,7 @@ from icr.config import Scalar
 from icr.errors import ConfigError
 from studies import papers
 from studies.figures import Figure
+from studies.space_analysis import EVALUATORS
 from studies.tables import Column, Table
 
 SEARCH_SPACES = Path(__file__).resolve().parent.parent / "search_spaces"
@@ -117,6 +118,11 @@ class Study:
     figures: tuple[Figure, ...] = ()
     analyses: tuple[str, ...] = ()  # icr.analysis names, run in every confirmation run
     ensemble: bool = False  # the report adds a row: the best condition's seeds as one ensemble
+    # A second objective to minimise: a metric every epoch reports, its mean over the trial's
+    # epochs (e.g. epoch_time_s); '' = one objective. The search is then multi-objective
+    # (studies.searcher) and the report draws the Pareto front (studies.space_analysis).
+    cost: str = ""
+    importance: str = "fanova"  # the report's importance estimator: fanova or ped_anova
     smoke: Mapping[str, Scalar] = field(default_factory=dict)  # overrides of --smoke
     smoke_budget: int = 2
     smoke_seeds: int = 2
@@ -129,6 +135,10 @@ class Study:
             raise ValueError(f"study {self.name}: condition names must be unique and non-empty")
         if self.mode not in ("min", "max"):
             raise ValueError(f"study {self.name}: mode must be min or max")
+        if self.importance not in EVALUATORS:
+            raise ValueError(f"study {self.name}: importance must be one of {', '.join(EVALUATORS)}")
+        if self.cost == self.metric:
+            raise ValueError(f"study {self.name}: the cost must be another metric than {self.metric}")
         for table in self.tables:
             if table.baseline is not None and table.baseline not in names:
                 raise ValueError(f"study {self.name}: table {table.name} baseline "

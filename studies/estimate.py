@@ -39,6 +39,7 @@ from icr.data.sampler import steps_per_epoch
 from icr.train.loop import configure_backends, resolve_device
 from icr.train.tasks import build_task
 from icr.train.timing import time_epoch
+from studies.catalog import Study
 from studies.plan import StudyPlan
 from studies.space import grid_size
 
@@ -212,6 +213,15 @@ def trials_at_once(plan: StudyPlan, gpus: int | None = None) -> tuple[int, str]:
     return max(1, cpus // slot), f"{where}: {cpus} CPUs, {slot} per trial, no GPU"
 
 
+def objectives(study: Study) -> str:
+    """What the search optimises, in words: the metric, and the cost when the study has one."""
+    first = f"{'maximise' if study.mode == 'max' else 'minimise'} {study.metric}"
+    if not study.cost:
+        return first
+    return (f"{first} and minimise {study.cost} (its mean over a trial's epochs): Optuna's "
+            f"multi-objective TPE; ASHA stops trials on {study.metric} alone")
+
+
 def describe(plan: StudyPlan, costs: list[ConditionCost], gpus: int | None = None) -> Iterator[str]:
     """The lines ``--plan`` prints."""
     recipe = plan.recipe or plan.study.recipe("embedded")
@@ -225,6 +235,9 @@ def describe(plan: StudyPlan, costs: list[ConditionCost], gpus: int | None = Non
     budget = f"{plan.budget} trial(s) per searched condition; " if sampled else ""
     yield (f"search: {budget}early stopping {stopping}; confirmation: {len(plan.seeds)} seed(s) "
            f"per condition")
+    yield "objectives: " + objectives(study)
+    if plan.warm is not None:
+        yield from plan.warm.describe()
     for missing in plan.missing():
         yield f"  missing: {missing}"
     default = to_flat(ExperimentConfig())

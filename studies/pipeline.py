@@ -37,6 +37,7 @@ from studies.session import (
     write_state,
 )
 from studies.signals import StopSignals, StudyIncomplete, stop_signals_ignored
+from studies.space_analysis import domain_tags
 from studies.storage import check_storage
 from studies.tracking import (
     PARENT_TAG,
@@ -237,6 +238,8 @@ def open_session(
                        "conditions": ",".join(c.name for c in plan.conditions),
                        **{f"label.{c.name}": c.label for c in plan.conditions},
                        **{f"searched.{c.name}": ",".join(c.domains) for c in plan.conditions},
+                       **domain_tags({c.name: c.domains for c in plan.conditions}),
+                       **(plan.warm.tags() if plan.warm is not None else {}),
                        **{f"data_fingerprint.{c}": f for c, f in fingerprints.items()}}
         params = {"budget": plan.budget, "seeds": ",".join(map(str, plan.seeds)),
                   "max_epochs": plan.max_epochs, "smoke": plan.smoke,

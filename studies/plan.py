@@ -21,7 +21,7 @@ import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from icr.config import (
     ExperimentConfig,
@@ -40,6 +40,9 @@ from icr.train.tasks import check_data as check_task_data
 from icr.workspace import Workspace
 from studies.catalog import Recipe, Study, space_path
 from studies.space import Domain, grid_size, load_space
+
+if TYPE_CHECKING:
+    from studies.warm_start import WarmStart
 
 TRIALS_PER_GPU_VARIABLE = "ICR_TRIALS_PER_GPU"  # a machine's --trials-per-gpu (its GPUs' size)
 MAX_TRIALS_PER_GPU = 64  # 1/N of a GPU at Ray's precision (0.0001) names N exactly up to 99
@@ -106,6 +109,7 @@ class StudyPlan:
     dashboard: bool = True
     trials_per_gpu: int = 1  # trials sharing one GPU (each reserves 1/N of it)
     gpus: int | None = None  # the most GPUs the cluster can reach, as stated (None: read it)
+    warm: WarmStart | None = None  # --warm-start: an earlier study's trials (studies.warm_start)
 
     @property
     def recipe_name(self) -> str:
@@ -151,8 +155,10 @@ class StudyPlan:
 
     def signature(self) -> dict[str, Any]:
         """The options a resumed run must share with the run it continues."""
+        warm = {"warm_start": self.warm.run_id} if self.warm is not None else {}
         return {"overrides": dict(sorted(self.overrides.items())), "smoke": self.smoke,
-                "recipe": self.recipe_name, "budget": self.budget, "seeds": list(self.seeds)}
+                "recipe": self.recipe_name, "budget": self.budget, "seeds": list(self.seeds),
+                **warm}
 
     def missing(self) -> list[str]:
         """What the recipe needs that the configuration does not give: a dataset it is not for,

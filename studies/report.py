@@ -13,6 +13,9 @@ traceable to a run, and writes ``<workspace>/reports/<key>/``:
 - ``trials.csv``: every trial (search and confirmation) with its recorded params, final metrics
   and, for a failed one, the one-line cause;
 - the declared figures (:mod:`studies.figures`), ``<figure>.png``;
+- per searched condition, what its search learned about its space (:mod:`studies.insight`):
+  the searched keys' importance, every trial in parallel coordinates and, for a study with a
+  second objective, the Pareto front (``search_space.md`` and its figures);
 
 logs them as artifacts of the parent run, puts the tables that fit (MLflow's tag limit) in the
 parent run's description and the per-condition mean and std of every table cell among its metrics
@@ -38,6 +41,7 @@ from studies.catalog import Study, get_study
 from studies.ensembles import Evaluator, ensemble_of, evaluate_members
 from studies.figures import render
 from studies.frameworks import mlflow as mlflow_adapter
+from studies.insight import FRONT_TAG, write_insight
 from studies.runs import RunSet, load_runs
 from studies.tables import (
     Table,
@@ -240,6 +244,10 @@ def build_report(study: Study, tracker: Tracker, out: Path, parent_id: str | Non
     for figure in study.figures:
         render(figure, runs, out / f"{figure.name}.png")
     run_id = parent.info.run_id
+    insight = write_insight(study, runs, tags, out)
+    summary.update(insight.metrics)
+    for front_run in insight.front_runs:
+        tracker.set_tags(front_run, {FRONT_TAG: "true"})
     tracker.set_tags(run_id, {DESCRIPTION_TAG: fit_description(description, tables)})
     tracker.log_metrics(run_id, summary, step=0)
     tracker.client.log_artifacts(run_id, str(out), artifact_path="report")

@@ -78,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true",
                    help="continue the study's unfinished run (also done without it)")
     p.add_argument("--fresh", action="store_true", help="start a new run even if one is unfinished")
+    p.add_argument("--warm-start", metavar="STUDY",
+                   help="start each search from an earlier study's trials (a study of this "
+                        "workspace, or another workspace's folder), none trained again")
     p.add_argument("--set", dest="overrides", action="extend", nargs="+", default=[],
                    metavar="KEY=VALUE", help="config overrides, e.g. --set loss.tau=0.07")
     p.add_argument("--workspace", help="workspace folder (default ./workspace or ICR_WORKSPACE)")
@@ -162,6 +165,19 @@ def _print_plan(plan: StudyPlan, calibrate: int | None, gpus: int | None) -> int
     return 0
 
 
+def _warm_started(plan: StudyPlan, source: str, announce: bool) -> StudyPlan:
+    """The plan with the earlier study's trials (``--warm-start``), read before anything is
+    written; what each condition takes is said now (``--plan`` lists it with the plan)."""
+    import dataclasses
+
+    from studies.warm_start import load_warm_start  # lazy: keeps MLflow off --help and --list
+
+    plan = dataclasses.replace(plan, warm=load_warm_start(source, plan))
+    for line in plan.warm.describe() if announce else ():
+        print(line)
+    return plan
+
+
 def _interrupted() -> int:
     print(f"interrupted: {INTERRUPTED}", file=sys.stderr)
     return 130
@@ -210,6 +226,8 @@ def _run(args: argparse.Namespace, backend: object | None, extra: Mapping[str, S
         raise UserError("--gpus N goes with --plan or --address, N >= 1")
     # every user mistake surfaces here, nothing written yet (--plan lists what a recipe lacks)
     plan = StudyPlan.build(study, options, strict=not args.plan)
+    if args.warm_start:
+        plan = _warm_started(plan, args.warm_start, announce=not args.plan)
     if args.plan:
         return _print_plan(plan, args.calibrate, args.gpus)
     if args.condition:

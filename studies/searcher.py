@@ -13,6 +13,16 @@ trials); at the end Optuna is told how the trial ended:
   fast, docs/reference-code.md section 7);
 - FAIL when it failed.
 
+A study with a second objective (its ``cost``, a metric every epoch reports, e.g. the epoch's
+seconds) makes the Optuna study two-objective: a COMPLETE trial is told its last score and the
+mean of its epochs' cost, and TPE samples in its multi-objective mode (Optuna's MOTPE). ASHA still
+stops trials on the score alone: Tune's schedulers rank one metric, and a rung that also weighed
+cost would stop a slow trial whatever its score, before its score is known. Optuna keeps no
+per-epoch values for a multi-objective trial (``Trial.report`` raises there), so its pruned trials
+carry no intermediate values; TPE treats them as it treats any pruned trial without them. The
+design is ours rather than Ray's ``OptunaSearch`` with a metric list, which would also tell
+Optuna a stopped trial COMPLETE with its early values.
+
 Tune's ``Searcher`` (``suggest``, ``on_trial_result``, ``on_trial_complete``, ``save``/``restore``
 for ``Tuner.restore``) and Optuna's ``ask``/``tell`` are used. The searcher's state is JSON
 (:data:`FORMAT`: its Optuna trials, and which Tune trial each is), read back as data, never
@@ -43,6 +53,7 @@ from studies.trials import KEY, TrialSpec
 log = logging.getLogger(__name__)
 
 FORMAT = "icr-studies searcher state 1"  # the "format" field of a searcher's saved state
+COST_ATTR = "cost_per_epoch"  # a multi-objective trial's user attribute: epoch -> its cost
 
 
 class StudySearcher(Searcher):
@@ -55,19 +66,22 @@ class StudySearcher(Searcher):
         sampler: Optuna's sampler (:mod:`studies.samplers`).
         max_t: a trial's full budget in ``time_attr`` units (epochs).
         log_path: where every Optuna trial's state is written (CSV), or ``None``.
+        cost: a second objective to minimise (a reported metric, its mean over the trial's
+            epochs), or '' for one objective.
     """
 
     def __init__(self, space: ConditionalSpace, resolve: Callable[[Mapping[str, Any]], TrialSpec],
                  *, metric: str, mode: str, sampler: optuna.samplers.BaseSampler, max_t: int,
-                 time_attr: str = "epoch", log_path: str | None = None) -> None:
+                 time_attr: str = "epoch", log_path: str | None = None, cost: str = "") -> None:
         super().__init__(metric=metric, mode=mode)
         self.space = space
         self.resolve = resolve
         self.max_t = max_t
         self.time_attr = time_attr
         self.log_path = log_path
-        self.direction = "maximize" if mode == "max" else "minimize"
-        self.study = optuna.create_study(direction=self.direction, sampler=sampler)
+        self.cost = cost
+        self.directions = ["maximize" if mode == "max" else "minimize"] + (["minimize"] if cost else [])
+        self.study = optuna.create_study(directions=self.directions, sampler=sampler)
         self.trials: dict[str, optuna.trial.Trial] = {}  # Tune trial id -> its Optuna trial
         self.ended: dict[int, str] = {}  # Optuna trial number -> Tune trial id, once told
 
@@ -83,6 +97,12 @@ class StudySearcher(Searcher):
         trial = self.trials.get(trial_id)
         if trial is None or trial.number in self.ended or not _finite(value) or step is None:
             return
+        if self.cost:  # Optuna keeps no per-epoch values of a multi-objective trial
+            spent = result.get(self.cost)
+            if _finite(spent):
+                trial.set_user_attr(COST_ATTR, {**trial.user_attrs.get(COST_ATTR, {}),
+                                                str(int(step)): float(spent)})
+            return
         trial.report(float(value), int(step))
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None,
@@ -96,6 +116,10 @@ class StudySearcher(Searcher):
             state, told = (TrialState.FAIL if error else TrialState.PRUNED), None
         elif reached < self.max_t:
             state, told = TrialState.PRUNED, None  # stopped by ASHA: its reports stay, for TPE
+        elif self.cost:
+            spent = list(trial.user_attrs.get(COST_ATTR, {}).values())
+            state, told = ((TrialState.COMPLETE, [float(value), sum(spent) / len(spent)]) if spent
+                           else (TrialState.FAIL, None))  # no cost reported: not on any front
         else:
             state, told = TrialState.COMPLETE, float(value)
         self.study.tell(trial, told, state=state)
@@ -115,7 +139,7 @@ class StudySearcher(Searcher):
         path = Path(checkpoint_path)
         state = read_state(path)
         try:
-            study, live = study_from_json(state["trials"], self.direction, self.study.sampler)
+            study, live = study_from_json(state["trials"], self.directions, self.study.sampler)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise _not_ours(path, exc) from None
         self.study = study
@@ -126,7 +150,8 @@ class StudySearcher(Searcher):
         if not self.log_path:
             return
         rows = [{"number": t.number, "tune_trial_id": self.ended.get(t.number, ""),
-                 "state": t.state.name, "value": t.value, **t.params}
+                 "state": t.state.name, "value": t.values[0] if t.values else None,
+                 **({"cost": t.values[1] if t.values else None} if self.cost else {}), **t.params}
                 for t in self.study.get_trials(deepcopy=False)]
         fields = list(dict.fromkeys(k for row in rows for k in row))
         with open(self.log_path, "w", newline="") as f:

@@ -377,8 +377,10 @@ def search(session: Session, condition: str) -> list[TrialRecord]:
         ConditionalSpace(cond.flat, tuple(cond.domains.values())),
         functools.partial(TrialSpec.resolve, condition, cond.flat),
         metric=study.metric, mode=study.mode, sampler=sampler, max_t=cond.config.epochs,
-        log_path=str(session.run_dir / f"search-{condition}.optuna.csv"),
+        log_path=str(session.run_dir / f"search-{condition}.optuna.csv"), cost=study.cost,
     )
+    if plan.warm is not None:  # an earlier study's trials, observed before the first is asked for
+        searcher.study.add_trials(plan.warm.trials(condition, cond.domains, bool(study.cost)))
     scheduler = ASHAScheduler(
         time_attr="epoch", max_t=cond.config.epochs, grace_period=study.grace_period,
         reduction_factor=study.reduction_factor,

@@ -54,6 +54,8 @@ class FakeFit:
         crash_dir, crashes: a config matching ``fail_on`` ends its process abruptly at
             ``fail_epoch`` instead of raising (a lost worker), as long as ``crash_dir`` holds
             fewer than ``crashes`` files; each crash adds one.
+        seconds_per_eta: added to the ``epoch_time_s`` an epoch reports, times its eta (not
+            slept): a cost that grows with eta, for a study with a second objective.
     """
 
     epoch_seconds: float = 0.0
@@ -67,6 +69,7 @@ class FakeFit:
     count_builds: bool = False
     crash_dir: str | None = None
     crashes: int = 0
+    seconds_per_eta: float = 0.0
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -143,7 +146,8 @@ class FakeFit:
                 row.update({"lambda": lam} if lagrangian else {})
                 rows.append(row)
         metrics = {"epoch": epoch + 1, "val_rsum": rsum, "train_loss": 2.0 / (epoch + 1),
-                   "train_L_con": 1.5 / (epoch + 1), "lr": 2e-4, "epoch_time_s": self.epoch_seconds}
+                   "train_L_con": 1.5 / (epoch + 1), "lr": 2e-4,
+                   "epoch_time_s": self.epoch_seconds + self.seconds_per_eta * eta}
         for k in (1, 5, 10):
             metrics[f"val_i2t_R_at_{k}"] = rsum / 6 * (0.6 + 0.04 * k)
             metrics[f"val_t2i_R_at_{k}"] = rsum / 6 * (0.5 + 0.04 * k)

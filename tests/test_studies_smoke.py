@@ -63,3 +63,25 @@ def test_debug_smoke_trains_one_trial_in_process(tmp_path: Path) -> None:
     assert "epoch 2/2" in result.stdout and "rsum" in result.stdout
     assert "best validation rsum" in result.stdout and "test" in result.stdout.split("metric")[-1]
     assert not (tmp_path / "ray").exists()  # no Ray
+
+
+@pytest.mark.slow
+def test_a_smoke_study_s_parent_run_holds_what_its_search_learned(tmp_path: Path) -> None:
+    # 10 trials: about half of them reach the full 2 epochs past ASHA's rung at epoch 1, above
+    # the 3 full-budget trials an importance over one key needs (smoke's own budget is 2)
+    from mlflow.tracking import MlflowClient
+
+    result = run_cli("ltd_bound", "--smoke", "--budget", "10", "--seeds", "1",
+                     "--workspace", str(tmp_path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = next((tmp_path / "ray" / "ltd_bound-smoke").iterdir())
+    parent_id = json.loads((run_dir / "state.json").read_text())["parent_run_id"]
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    parent = client.get_run(parent_id)
+    # one searched key: its share of the explained variance is all of it
+    assert parent.data.metrics["importance.lagrangian.objective.eta"] == pytest.approx(1.0)
+    assert "importance_spread.lagrangian.objective.eta" in parent.data.metrics
+    artifacts = {a.path for a in client.list_artifacts(parent_id, "report")}
+    assert {"report/importance_lagrangian.png", "report/parallel_lagrangian.png",
+            "report/search_space.md"} <= artifacts
+    assert parent.data.tags["domains.lagrangian"] == '{"objective.eta": {"uniform": [0.05, 0.3]}}'

@@ -17,6 +17,7 @@ template trial); another version without them is one line naming both versions.
 from __future__ import annotations
 
 import datetime
+from collections.abc import Sequence
 from typing import Any
 
 import optuna
@@ -53,16 +54,17 @@ def trials_to_json(study: Study) -> list[dict[str, Any]]:
     } for t in study.get_trials(deepcopy=False)]
 
 
-def study_from_json(trials: list[dict[str, Any]], direction: str,
+def study_from_json(trials: list[dict[str, Any]], directions: str | Sequence[str],
                     sampler: BaseSampler) -> tuple[Study, dict[int, Trial]]:
     """A new in-memory study holding ``trials`` (as :func:`trials_to_json` wrote them), with
-    their numbers, and each as a live :class:`optuna.trial.Trial` (number -> trial), so that a
+    their numbers (one objective per direction), and each as a live :class:`optuna.trial.Trial` (number -> trial), so that a
     running one can still report and be told.
 
     Raises:
         ValueError, KeyError, TypeError: data not of that shape (never executed: read as data).
     """
-    study = optuna.create_study(direction=direction, sampler=sampler)
+    directions = [directions] if isinstance(directions, str) else list(directions)
+    study = optuna.create_study(directions=directions, sampler=sampler)
     with reaching("optuna", optuna.__version__, TESTED_VERSION, "Study._storage, Study._study_id"):
         storage, study_id = study._storage, study._study_id
     live = {}

@@ -228,6 +228,10 @@ STUDY = Study(
     seeds=2,
     grace_period=1,
     reduction_factor=3,
+    # Quality against cost: TERN's search took 18 min 24 s to VSRN's 3 min 17 s on 2 cores
+    # (docs/results.md), and the report's Pareto front says which runs buy their validation rsum
+    # cheapest (the mean seconds of an epoch, as each run measured it).
+    cost="epoch_time_s",
     tables=(table_3("vsrn"), table_3("tern")),
     figures=(
         Figure("lambda_per_eta_tern", "TERN: lambda during training, per eta (search trials)",
