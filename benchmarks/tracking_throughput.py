@@ -50,10 +50,12 @@ from typing import Any
 from mlflow import RunOperations
 
 from icr.config import ExperimentConfig
-from studies.frameworks.mlflow import loopback_server
+from icr.workspace import Workspace
 from studies.signals import StopSignals
 from studies.tracking import MlflowTrialCallback, Tracker, epoch_metrics
 from studies.trials import KEY, TrialSpec
+
+import testfakes  # benchmarks/testfakes.py: the tests' helpers
 
 WAYS = ("sync log_batch", "async log_batch", "platform")
 STORES = {"local": "local sqlite", "server": "mlflow server"}
@@ -141,17 +143,17 @@ def measure_store(store: str, folder: Path, args: argparse.Namespace) -> dict[st
     """Every way on one store: way -> epoch records a second."""
     rates = {}
     if store == "server":
-        with loopback_server(f"sqlite:///{folder / 'server.db'}", folder,
+        with testfakes.load("servers").loopback_server(f"sqlite:///{folder / 'server.db'}", folder,
                              workers=args.server_workers) as url:
             for way in WAYS:
                 rates[way] = measure(way, url, folder / "client", args.trials, args.epochs,
                                      args.rows)
         return rates
     for way in WAYS:
-        root = folder / way.split()[0]
-        root.mkdir(parents=True)
-        rates[way] = measure(way, f"sqlite:///{root / 'mlflow.db'}", root / "mlartifacts",
-                             args.trials, args.epochs, args.rows)
+        workspace = Workspace(folder / way.split()[0])
+        workspace.root.mkdir(parents=True)
+        rates[way] = measure(way, workspace.mlflow_uri, workspace.mlartifacts, args.trials,
+                             args.epochs, args.rows)
     return rates
 
 

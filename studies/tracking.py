@@ -48,10 +48,11 @@ from mlflow.entities import Metric, Param, RunTag
 from ray.tune import Callback
 
 from icr.errors import UserError
+from icr.workspace import sqlite_file
 from studies.failures import error_line
 from studies.frameworks import mlflow as mlflow_adapter
 from studies.frameworks.tune import BOOKKEEPING, CHECKPOINT_DIR, trial_error
-from studies.trials import spec_of
+from studies.trials import epochs_of, full_budget, spec_of
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +92,7 @@ class RecordQueue:
 
     One writer, because a sqlite store takes one at a time: MLflow's own asynchronous queue
     (``log_batch(synchronous=False)``) writes up to ten batches at once, which wait on the
-    store's lock, and records fewer a second than one thread
+    store's lock, and recorded no more a second than this thread
     (``benchmarks/tracking_throughput.py``; docs/benchmarks.md has its runs). MLflow splits a
     long call into its requests of 1,000 metrics. The thread runs while records are queued
     and is not a daemon: a driver that exits writes what it queued first.
@@ -152,7 +153,7 @@ class Tracker:
         self.tracking_uri = tracking_uri
         self.experiment = experiment
         self.artifact_root = artifact_root
-        self.store_file = mlflow_adapter.sqlite_file(tracking_uri)  # None: not a sqlite store
+        self.store_file = sqlite_file(tracking_uri)  # None: not a sqlite store
         self._client: MlflowClient | None = None
         self._experiment_id: str | None = None
         self._records: RecordQueue | None = None
@@ -301,7 +302,7 @@ def check_store(tracking_uri: str, busy_timeout: float = 30.0) -> None:
     Raises:
         UserError: one line naming the file, what is wrong and the fix.
     """
-    db = mlflow_adapter.sqlite_file(tracking_uri)
+    db = sqlite_file(tracking_uri)
     if db is None or not db.is_file():
         return
     try:
@@ -416,7 +417,7 @@ class MlflowTrialCallback(Callback):
         """Record one epoch's result, unless its run has it already (an epoch replayed after a
         restore)."""
         run_id = self.run_id(trial)
-        epoch = int(result.get("epoch", 0))
+        epoch = epochs_of(result)
         if epoch <= self._last_epoch[run_id]:
             return
         self.tracker.log_batch(run_id, epoch_metrics(result, int(time.time() * 1000)))
@@ -450,15 +451,15 @@ class MlflowTrialCallback(Callback):
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         run_id = self.run_id(trial)
-        epochs = int((trial.last_result or {}).get("epoch", 0))
-        full = epochs >= self.max_epochs[spec_of(trial.config).condition]
+        epochs = epochs_of(trial.last_result)
+        full = full_budget(epochs, self.max_epochs[spec_of(trial.config).condition])
         self.tracker.set_tags(run_id, {"epochs": epochs, "budget_complete": str(full).lower(),
                                        "stopped_early": str(not full).lower()})
         self.tracker.finish(run_id, "FINISHED")
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         run_id = self.run_id(trial)
-        epochs = int((trial.last_result or {}).get("epoch", 0))
+        epochs = epochs_of(trial.last_result)
         self.tracker.set_tags(run_id, {ERROR_TAG: error_line(trial_error(trial)), "epochs": epochs,
                                        "budget_complete": "false", "stopped_early": "false"})
         self.tracker.finish(run_id, "FAILED")

@@ -23,7 +23,6 @@ from mlflow.tracking import MlflowClient
 from icr.config import ExperimentConfig
 from icr.errors import UserError
 from studies.failures import error_line, failed_in_training
-from studies.frameworks import mlflow as mlflow_adapter
 from studies.tracking import (
     ERROR_TAG,
     EXPERIMENT_KIND,
@@ -34,6 +33,8 @@ from studies.tracking import (
     epoch_metrics,
 )
 from studies.trials import KEY, TrialSpec, run_name, trial_label
+
+from servers import loopback_server
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -319,7 +320,7 @@ def _recorded(tracker: Tracker) -> dict:
 def mlflow_server(tmp_path_factory):
     """``mlflow server`` on loopback over a fresh sqlite store, stopped after this module."""
     folder = tmp_path_factory.mktemp("server")
-    with mlflow_adapter.loopback_server(f"sqlite:///{folder / 'server.db'}", folder) as url:
+    with loopback_server(f"sqlite:///{folder / 'server.db'}", folder) as url:
         yield url
 
 
@@ -343,7 +344,7 @@ def test_a_study_is_recorded_alike_on_a_local_store_and_on_an_mlflow_server(tmp_
 def test_the_loopback_server_is_stopped_with_its_workers(tmp_path):
     """The server the benchmark and the tests start is gone when its block ends, its workers
     with it, also when the block fails."""
-    with pytest.raises(RuntimeError, match="inside"), mlflow_adapter.loopback_server(
+    with pytest.raises(RuntimeError, match="inside"), loopback_server(
             f"sqlite:///{tmp_path / 's.db'}", tmp_path, workers=2) as url:
         assert MlflowClient(url).search_experiments()  # it answers
         found = subprocess.run(["pgrep", "-f", f"port {url.rsplit(':', 1)[1]}"],

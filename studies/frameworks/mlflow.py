@@ -9,20 +9,12 @@ Epoch records, runs, params, tags and artifacts all go through ``MlflowClient``
   MLflow schema has had (checked before anything is written);
 - :func:`tag_value_limit`: the longest tag value MLflow stores whole, from its validation
   module.
-
-:func:`loopback_server` starts ``mlflow server`` (its flags, its ``/health`` page and the
-variable that leaves out its job runner) for the benchmark and the tests.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
 import sqlite3
-import subprocess
-import sys
-import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -31,7 +23,6 @@ from pathlib import Path
 from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
 
 from studies.frameworks import FrameworkChanged
-from studies.launcher import free_port
 
 BUSY_TIMEOUT_S = 20.0  # as MLflow's own sqlite sessions (PRAGMA busy_timeout = 20000)
 # What relocate_artifacts writes: (table, column), in MLflow's schema since its first revision.
@@ -47,13 +38,6 @@ def tag_value_limit() -> int:
 
 class StoreMismatch(FrameworkChanged):
     """A store's schema lacks a column this adapter writes."""
-
-
-def sqlite_file(tracking_uri: str) -> Path | None:
-    """The database file of a ``sqlite:///`` tracking URI; None for any other store."""
-    if not tracking_uri.startswith("sqlite:///"):
-        return None
-    return Path(urllib.parse.unquote(tracking_uri.removeprefix("sqlite:///").split("?")[0]))
 
 
 @contextlib.contextmanager
@@ -118,68 +102,3 @@ def _check_columns(con: sqlite3.Connection, db: Path) -> None:
                 f"the MLflow store {db} has no column {table}.{column}, which "
                 "studies/frameworks/mlflow.py writes to point a moved workspace's artifact "
                 "locations at it; open the store with the MLflow that wrote it")
-
-
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url + "/health", timeout=2) as reply:
-            return reply.status == 200
-    except OSError:  # refused, reset, timed out, or an HTTP error status
-        return False
-
-
-@contextlib.contextmanager
-def loopback_server(backend_store_uri: str, folder: Path, workers: int = 1,
-                    timeout: float = 300.0) -> Iterator[str]:
-    """``mlflow server`` on 127.0.0.1 at a free port, over ``backend_store_uri``, its artifacts
-    and its log in ``folder``: yields its URL once it answers. When the block ends (also on an
-    error or Ctrl-C) the server is stopped by the process group it was started in, so its
-    workers with it. Its job runner (seven processes MLflow 3.17 starts for GenAI jobs) is left
-    out: recording runs does not use it.
-
-    Raises:
-        RuntimeError: the server exited, or did not answer within ``timeout`` seconds (the
-            message ends with the last line of its log).
-    """
-    folder.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    command = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend_store_uri,
-               "--artifacts-destination", str(folder / "artifacts"), "--host", "127.0.0.1",
-               "--port", str(port), "--workers", str(workers)]
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    with open(folder / "server.log", "wb") as out:
-        server = subprocess.Popen(command, cwd=folder, env=env, stdout=out,
-                                  stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        start = time.monotonic()
-        while not _answers(url):
-            if server.poll() is not None or time.monotonic() - start > timeout:
-                lines = (folder / "server.log").read_text(errors="replace").strip().splitlines()
-                state = (f"exited with {server.returncode}" if server.returncode is not None
-                         else f"did not answer within {timeout:.0f} s")
-                raise RuntimeError(f"mlflow server at {url} {state}: "
-                                   f"{lines[-1] if lines else 'no output'}")
-            time.sleep(0.2)
-        yield url
-    finally:
-        _stop(server)
-
-
-def _stop(server: subprocess.Popen, grace: float = 20.0) -> None:
-    """Stop the process group that ``server`` leads: SIGTERM (the server passes it on to its
-    workers), then SIGKILL for whatever of the group is left after ``grace`` seconds."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(server.pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        server.wait(timeout=grace)
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(server.pid, 0)  # raises once no process of the group is left
-        except ProcessLookupError:
-            return
-        time.sleep(0.1)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(server.pid, signal.SIGKILL)
-    server.wait()
