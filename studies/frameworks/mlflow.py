@@ -46,7 +46,7 @@ def _transaction(db: Path) -> Iterator[sqlite3.Connection]:
 
     ``BEGIN IMMEDIATE`` takes the write lock first (waiting for another writer up to the busy
     timeout), so the transaction cannot fail half-way for a lock; foreign keys are enforced as
-    in MLflow's sessions (a metric of an unknown run is refused)."""
+    in MLflow's sessions."""
     con = sqlite3.connect(db, timeout=BUSY_TIMEOUT_S, isolation_level=None)
     try:
         con.execute("PRAGMA foreign_keys = ON")
