@@ -1,6 +1,6 @@
 # Two commands do everything on a fresh machine: `make study` and `make test`; CI runs `make test-all`.
 # Both go through `make install`, which creates or reuses .venv and re-installs only when
-# pyproject.toml changed (the stamp file records what was installed).
+# pyproject.toml or the lock (constraints.txt) changed (the stamp file records what was installed).
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -10,20 +10,26 @@ export MLFLOW_DISABLE_TELEMETRY := true
 export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 
-.PHONY: install study smoke test test-all lint clean mlflow-ui
+.PHONY: install lock study smoke test test-all lint clean mlflow-ui
 
 install: $(STAMP)
 
 # pip's -qq prints errors only: setuptools' notes on editable installs and pip's warnings about
 # configured package locations that lack a package are noise here, and a failed install still
 # prints its error and stops make. torch: the release the machine provides (local disk on the
-# project's machines), never a newer one.
-$(STAMP): pyproject.toml
+# project's machines), never a newer one. Every version comes from the lock: pyproject.toml
+# declares the ranges the project is tested on, constraints.txt the versions installed.
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -qq --upgrade pip
-	$(BIN)/pip install -qq torch==2.14.1 torchvision==0.29.1
-	$(BIN)/pip install -qq -e '.[dev]'
+	$(BIN)/pip install -qq -c constraints.txt torch torchvision
+	$(BIN)/pip install -qq -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
+
+# The lock after an upgrade inside the ranges: what .venv holds, less the project and pip.
+lock: install
+	{ sed -n '/^#/p' constraints.txt; $(BIN)/pip freeze --all --exclude-editable --exclude pip; } \
+		> constraints.txt.new && mv constraints.txt.new constraints.txt
 
 study: install
 	$(BIN)/python -m studies.run ltd_bound

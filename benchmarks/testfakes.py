@@ -16,12 +16,13 @@ from types import ModuleType
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 
 
-def load() -> ModuleType:
-    """The module ``tests/fakes.py`` (``FakeFit``, ``fake_prepare``, ``fake_study``)."""
+def load(name: str = "fakes") -> ModuleType:
+    """The module ``tests/<name>.py``: ``fakes`` (``FakeFit``, ``fake_prepare``, ``fake_study``),
+    ``servers`` (``loopback_server``)."""
     folder = str(TESTS)
     if folder not in sys.path:
         sys.path.insert(0, folder)
     paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
     if folder not in paths:
         os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [folder, *paths]))
-    return importlib.import_module("fakes")
+    return importlib.import_module(name)

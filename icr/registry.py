@@ -20,6 +20,7 @@ import importlib
 import inspect
 import pkgutil
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from icr.errors import ConfigError
@@ -88,10 +89,8 @@ class Registry(Generic[T]):
             return
         self._discovered = True
         for name in self.packages:
-            package = importlib.import_module(name)
-            for module in pkgutil.iter_modules(package.__path__):
-                if not module.name.startswith("_"):
-                    importlib.import_module(f"{name}.{module.name}")
+            for module, _ in package_modules(name):
+                importlib.import_module(module)
 
     def get(self, name: str) -> T:
         self._discover()
@@ -175,6 +174,20 @@ def section_name(section: type) -> str:
     """The name of a config section from its dataclass: ``LossConfig`` -> ``loss`` (the fields
     of ``ExperimentConfig`` are named so; a test holds every registry to it)."""
     return section.__name__.removesuffix("Config").lower()
+
+
+def package_modules(package: str) -> list[tuple[str, Path]]:
+    """The modules and subpackages of ``package`` but its private ones (``_name``), by name:
+    (dotted name, source file). The one package scan: a registry imports them all, the study
+    catalog those whose source declares a study."""
+    found = []
+    for info in sorted(pkgutil.iter_modules(importlib.import_module(package).__path__),
+                       key=lambda m: m.name):
+        if not info.name.startswith("_"):
+            folder = Path(info.module_finder.path)
+            source = folder / info.name / "__init__.py" if info.ispkg else folder / f"{info.name}.py"
+            found.append((f"{package}.{info.name}", source))
+    return found
 
 
 def resolve(path: str) -> Registry:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import difflib
 import importlib
-import pkgutil
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from pathlib import Path
 
 from icr.config import Scalar
 from icr.errors import ConfigError
+from icr.registry import package_modules
 from studies import papers
 from studies.figures import Figure
 from studies.space_analysis import EVALUATORS
@@ -203,10 +203,10 @@ def all_studies() -> dict[str, Study]:
     """Every study of :mod:`studies.papers` by name: each module that declares ``STUDY``,
     found by scanning the package's sources and imported (only those are)."""
     found: dict[str, Study] = {}
-    for info in sorted(pkgutil.iter_modules(papers.__path__), key=lambda m: m.name):
-        if not _declares_a_study(Path(info.module_finder.path) / f"{info.name}.py"):
+    for module, source in package_modules(papers.__name__):
+        if not _declares_a_study(source):
             continue
-        study = getattr(importlib.import_module(f"{papers.__name__}.{info.name}"), "STUDY", None)
+        study = getattr(importlib.import_module(module), "STUDY", None)
         if not isinstance(study, Study):
             continue
         if study.name in found:

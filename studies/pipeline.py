@@ -19,7 +19,7 @@ from filelock import FileLock
 from icr.config import ExperimentConfig, key_specs, to_flat, used_keys
 from icr.errors import ConfigError
 from icr.train.tasks import Prepared, check_fits, prepare
-from icr.workspace import Workspace
+from icr.workspace import Workspace, sqlite_file
 from studies import connection
 from studies.ensembles import ray_evaluator
 from studies.failures import EveryRunFailed
@@ -161,7 +161,7 @@ def run_study(
     with StopSignals() as stops, DriverLock(plan.workspace.root, plan.key):
         run_dir = choose_run_dir(plan, fresh, say)
         # A driver killed earlier may have left its private Ray instance: stop exactly that one.
-        record = plan.workspace.root / "locks" / f"{plan.key}.ray.json"
+        record = plan.workspace.locks / f"{plan.key}.ray.json"
         stop_recorded_instance(record)
         check_database_driver(plan.tracking_uri)
         check_store(plan.tracking_uri)
@@ -210,9 +210,9 @@ def mlflow_hint(plan: StudyPlan, experiment_id: str = "") -> str:
 def open_tracker(plan: StudyPlan) -> Tracker:
     """The study's tracker, its store created (and migrated) under a lock: two drivers starting
     at once on a fresh sqlite store would otherwise both run MLflow's schema migrations."""
-    tracker = Tracker(plan.tracking_uri, plan.key, plan.workspace.root / "mlartifacts")
-    if plan.tracking_uri.startswith("sqlite:///"):
-        db = Path(plan.tracking_uri.removeprefix("sqlite:///"))
+    tracker = Tracker(plan.tracking_uri, plan.key, plan.workspace.mlartifacts)
+    db = sqlite_file(plan.tracking_uri)
+    if db is not None:
         db.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(str(db) + ".lock"):
             tracker.experiment_id  # noqa: B018 - creates the store and the experiment

@@ -37,7 +37,7 @@ from icr.errors import ConfigError, UserError
 from icr.train.analyses import check_analyses
 from icr.train.tasks import check as check_task
 from icr.train.tasks import check_data as check_task_data
-from icr.workspace import Workspace
+from icr.workspace import Workspace, sqlite_file
 from studies.catalog import Recipe, Study, space_path
 from studies.space import Domain, grid_size, load_space
 
@@ -140,7 +140,7 @@ class StudyPlan:
 
     @property
     def state_root(self) -> Path:
-        """Local folder of the study's runs: state files, searcher logs, the driver lock."""
+        """Local folder of the study's runs: state files, searcher logs (its lock: ``locks/``)."""
         return self.workspace.ray / self.key
 
     @property
@@ -349,7 +349,10 @@ def check_tracking_uri(uri: str) -> str:
         raise UserError(f"--tracking-uri {uri}: not an MLflow store; give sqlite:///path/mlflow.db "
                         "or the http(s):// address of an MLflow server")
     if scheme == "sqlite":
-        check_workspace(Path(uri.split(":///", 1)[-1]).parent, "--tracking-uri")
+        db = sqlite_file(uri)
+        if db is None:
+            raise UserError(f"--tracking-uri {uri}: give sqlite:///path/mlflow.db (three slashes)")
+        check_workspace(db.parent, "--tracking-uri")
     return uri
 
 

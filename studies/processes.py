@@ -136,19 +136,6 @@ def stop_family(marker: str | None, folder: Path | None = None, first: int | Non
     return [p.pid for p in procs]
 
 
-def stop_pids(pids: Sequence[int]) -> list[int]:
-    """SIGTERM to each PID, SIGKILL 5 s later to those left; the PIDs that were running."""
-    procs = []
-    for pid in pids:
-        with contextlib.suppress(psutil.Error):
-            procs.append(psutil.Process(pid))
-    _signal(procs, signal.SIGTERM)
-    _, left = psutil.wait_procs(procs, timeout=5.0)
-    _signal(left, signal.SIGKILL)
-    psutil.wait_procs(left, timeout=5.0)
-    return [p.pid for p in procs]
-
-
 def _signal(procs: Sequence[psutil.Process], sig: signal.Signals) -> None:
     for proc in procs:
         with contextlib.suppress(psutil.Error):

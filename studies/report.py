@@ -19,7 +19,7 @@ traceable to a run, and writes ``<workspace>/reports/<key>/``:
 
 logs them as artifacts of the parent run, puts the tables that fit (MLflow's tag limit) in the
 parent run's description and the per-condition mean and std of every table cell among its metrics
-(``report/<condition>/<metric>/mean`` and ``/std``: one chart section in the MLflow UI).
+(``report/<condition>.<metric>.mean`` and ``.std``: one chart section in the MLflow UI).
 """
 
 from __future__ import annotations
@@ -282,8 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         study = get_study(args.name.removesuffix("-smoke"))
         workspace = Workspace.resolve(args.workspace)
-        tracker = Tracker(args.tracking_uri or workspace.mlflow_uri, args.name,
-                          workspace.root / "mlartifacts")
+        tracker = Tracker(args.tracking_uri or workspace.mlflow_uri, args.name, workspace.mlartifacts)
         out = build_report(study, tracker, workspace.reports / args.name, args.run_id, workspace)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)

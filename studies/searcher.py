@@ -48,7 +48,7 @@ from icr.errors import UserError
 from studies import storage
 from studies.frameworks.optuna import study_from_json, trials_to_json
 from studies.space import ConditionalSpace
-from studies.trials import KEY, TrialSpec
+from studies.trials import KEY, TrialSpec, full_budget
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ class StudySearcher(Searcher):
         reached = int((result or {}).get(self.time_attr, 0))
         if error or not _finite(value):
             state, told = (TrialState.FAIL if error else TrialState.PRUNED), None
-        elif reached < self.max_t:
+        elif not full_budget(reached, self.max_t):
             state, told = TrialState.PRUNED, None  # stopped by ASHA: its reports stay, for TPE
         elif self.cost:
             spent = list(trial.user_attrs.get(COST_ATTR, {}).values())

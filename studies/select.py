@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from icr.config import Scalar
+from studies.trials import full_budget
 from studies.tuning import TrialRecord
 
 
@@ -36,10 +37,7 @@ def select_winner(
     records: list[TrialRecord], metric: str, mode: str, max_epochs: int
 ) -> Winner | None:
     """The best full-budget trial by ``metric`` (ties: the earlier trial id); None if none ran."""
-    eligible = [
-        r for r in records
-        if not r.error and r.epochs >= max_epochs and _finite(r.metrics.get(metric))
-    ]
+    eligible = [r for r in records if _ran_full(r, max_epochs) and _finite(r.metrics.get(metric))]
     if not eligible:
         return None
     sign = 1.0 if mode == "max" else -1.0
@@ -47,12 +45,16 @@ def select_winner(
     return Winner(best.condition, best.trial_id, float(best.metrics[metric]), dict(best.spec.values))
 
 
+def _ran_full(record: TrialRecord, max_epochs: int) -> bool:
+    return not record.error and full_budget(record.epochs, max_epochs)
+
+
 def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
 
 def summary(records: list[TrialRecord], max_epochs: int) -> str:
-    full = sum(1 for r in records if not r.error and r.epochs >= max_epochs)
+    full = sum(1 for r in records if _ran_full(r, max_epochs))
     failed = sum(1 for r in records if r.error)
     return f"{len(records)} trials: {full} ran the full budget, " \
            f"{len(records) - full - failed} stopped early, {failed} failed"

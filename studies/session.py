@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from icr.errors import UserError
+from icr.workspace import Workspace
 from studies import storage
 from studies.connection import Cluster
 from studies.plan import StudyPlan
@@ -103,7 +104,7 @@ class DriverLock:
     """An exclusive, process-lifetime lock on a study: one driver per study at a time."""
 
     def __init__(self, workspace_root: Path, study: str) -> None:
-        self.path = workspace_root / "locks" / f"{study}.lock"
+        self.path = Workspace(workspace_root).locks / f"{study}.lock"
         self.study = study
         self._fd: int | None = None
 

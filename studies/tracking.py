@@ -34,8 +34,8 @@ MLflow records them by absolute path, so a store opened from a moved or copied w
 locations pointed at that workspace (:func:`studies.frameworks.mlflow.relocate_artifacts`). A
 database URI's driver is checked before anything starts (:func:`check_database_driver`).
 
-An epoch's record (its metrics and trajectory rows together) goes the fastest way the store
-allows (:class:`Tracker`); MLflow's tables are written only by :mod:`studies.frameworks.mlflow`.
+An epoch's record (its metrics and trajectory rows together) is written through MLflow's
+public ``log_batch`` by one thread (:class:`RecordQueue`), off Tune's loop.
 """
 
 from __future__ import annotations
@@ -43,22 +43,25 @@ from __future__ import annotations
 import contextlib
 import logging
 import sqlite3
+import threading
 import time
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from mlflow import MlflowClient, MlflowException, RunOperations
+import mlflow
+from mlflow import MlflowClient, MlflowException
 from mlflow.entities import Metric, Param, RunTag
 from ray.tune import Callback
 
 from icr.errors import UserError
+from icr.workspace import sqlite_file
 from studies import storage
 from studies.failures import error_line
 from studies.frameworks import mlflow as mlflow_adapter
 from studies.frameworks.tune import BOOKKEEPING, CHECKPOINT_DIR, trial_error
-from studies.trials import spec_of
+from studies.trials import epochs_of, full_budget, spec_of
 
 log = logging.getLogger(__name__)
 
@@ -97,43 +100,80 @@ def git_commit(root: Path = PROJECT_ROOT) -> str:
     return ""
 
 
+class RecordQueue:
+    """Epoch records written through ``MlflowClient.log_batch`` by one thread, the records of
+    a run queued while another call was written merged into one call.
+
+    One writer, because a sqlite store takes one at a time: MLflow's own asynchronous queue
+    (``log_batch(synchronous=False)``) writes up to ten batches at once, which wait on the
+    store's lock, and recorded no more a second than this thread
+    (``benchmarks/tracking_throughput.py``; docs/benchmarks.md has its runs). MLflow splits a
+    long call into its requests of 1,000 metrics. The thread runs while records are queued
+    and is not a daemon: a driver that exits writes what it queued first.
+    """
+
+    def __init__(self, write: Callable[[str, list[Metric]], None]) -> None:
+        self._write = write
+        self._lock = threading.Condition()
+        self._queued: list[tuple[str, list[Metric]]] = []
+        self._running = False  # a thread writes the queue
+        self._failed: list[tuple[str, int, BaseException]] = []
+
+    def put(self, run_id: str, metrics: list[Metric]) -> None:
+        with self._lock:
+            self._queued.append((run_id, metrics))
+            if not self._running:
+                threading.Thread(target=self._drain, name="mlflow-records").start()
+                self._running = True
+
+    def wait(self) -> list[tuple[str, int, BaseException]]:
+        """Wait until every queued record is written; returns (run id, records, error) of each
+        call that failed since the last wait."""
+        with self._lock:
+            self._lock.wait_for(lambda: not self._running)
+            failed, self._failed = self._failed, []
+        return failed
+
+    def _drain(self) -> None:
+        while True:
+            with self._lock:
+                records, self._queued = self._queued, []
+                if not records:
+                    self._running = False
+                    self._lock.notify_all()
+                    return
+            by_run: dict[str, list[list[Metric]]] = {}
+            for run_id, metrics in records:
+                by_run.setdefault(run_id, []).append(metrics)
+            for run_id, batches in by_run.items():
+                try:
+                    self._write(run_id, [m for batch in batches for m in batch])
+                except Exception as exc:  # no caller to raise to: wait() reports it
+                    with self._lock:
+                        self._failed.append((run_id, len(batches), exc))
+
+
 class Tracker:
     """One study's experiment in MLflow, recorded through MLflow's public client.
 
-    Epoch records (:meth:`log_batch`) are queued and written the fastest way the store allows,
-    as measured by ``benchmarks/tracking_throughput.py`` (MLflow's ``log_batch`` records fewer
-    than the 50 records a second a study needs on a local store; the figures are in
-    :mod:`studies.frameworks.mlflow`):
-
-    - a local sqlite store: SQL transactions of the records queued, written by a thread
-      (:class:`studies.frameworks.mlflow.RecordWriter`), the store's schema checked first;
-    - any other store (an MLflow server: ``http``, ``https``): MLflow's asynchronous
-      ``log_batch``.
-
-    What is queued is written before a run is finished, before the store is read through this
-    tracker (:meth:`last_step`, :meth:`find_runs`) and by :meth:`flush`; a record that could
-    not be written is reported in one error line. Everything else (runs, params, tags, the few
-    metrics of :meth:`log_metrics`) is written at once through MLflow's client.
-    ``sql_metrics`` chooses the way (default: SQL exactly for a sqlite store).
+    Epoch records (:meth:`log_batch`) are queued and written by a :class:`RecordQueue`'s
+    thread; what is queued is written before a run is finished, before the store is read
+    through this tracker (:meth:`last_step`, :meth:`find_runs`) and by :meth:`flush`, and a
+    record that could not be written is reported in one error line. Everything else (runs,
+    params, tags, the few metrics of :meth:`log_metrics`) is written at once.
     """
 
-    def __init__(self, tracking_uri: str, experiment: str, artifact_root: Path | None = None,
-                 *, sql_metrics: bool | None = None):
+    def __init__(self, tracking_uri: str, experiment: str, artifact_root: Path | None = None):
         self.tracking_uri = tracking_uri
         self.experiment = experiment
         self.artifact_root = artifact_root
-        self.store_file = mlflow_adapter.sqlite_file(tracking_uri)  # None: not a sqlite store
-        self.sql_metrics = self.store_file is not None if sql_metrics is None else sql_metrics
-        if self.sql_metrics and self.store_file is None:
-            raise ValueError(f"SQL writes need a sqlite:/// store, not {tracking_uri}")
-        self._store_checked = False
+        self.store_file = sqlite_file(tracking_uri)  # None: not a sqlite store
         self._client: MlflowClient | None = None
         self._experiment_id: str | None = None
-        self._writer: mlflow_adapter.RecordWriter | None = None
-        self._pending: dict[str, list[RunOperations]] = {}  # run id -> its writes queued in MLflow
+        self._records: RecordQueue | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_client": None, "_writer": None, "_pending": {}}
+        return {**self.__dict__, "_client": None, "_records": None}
 
     @property
     def client(self) -> MlflowClient:
@@ -157,7 +197,6 @@ class Tracker:
                 return self._experiment_id
             self._experiment_id = found.experiment_id
             if self._own_store():
-                self._check_store()
                 for experiment_id, new, old in mlflow_adapter.relocate_artifacts(
                         self.store_file, self.artifact_root):
                     log.info("artifacts of experiment %s: %s (was %s)", experiment_id, new, old)
@@ -169,12 +208,6 @@ class Tracker:
         if self.artifact_root is None or self.store_file is None:
             return False
         return self.store_file.resolve().parent == self.artifact_root.resolve().parent
-
-    def _check_store(self) -> None:
-        """Before the adapter's first SQL write: the store is at the schema it writes."""
-        if not self._store_checked:
-            mlflow_adapter.check_sqlite_store(self.store_file)
-            self._store_checked = True
 
     def create_run(self, name: str, tags: Mapping[str, str], params: Mapping[str, Any] = ()) -> str:
         run = self.client.create_run(self.experiment_id, run_name=name, tags=dict(tags))
@@ -230,38 +263,26 @@ class Tracker:
         """Queue one record (metrics of any steps) for the store (see the class docstring)."""
         if not metrics:
             return
-        if not self.sql_metrics:
-            operations = self.client.log_batch(run_id, metrics=metrics, synchronous=False)
-            self._pending.setdefault(run_id, []).append(operations)
-            return
-        if self._writer is None:
-            self._check_store()
-            self._writer = mlflow_adapter.RecordWriter(self.store_file, self._log_through_mlflow)
-        self._writer.put(run_id, metrics)
+        if self._records is None:
+            self._records = RecordQueue(self._write)
+        self._records.put(run_id, metrics)
 
-    def _log_through_mlflow(self, run_id: str, metrics: list[Metric]) -> None:
-        log.debug("run %s: a record for MLflow to judge", run_id)
+    def _write(self, run_id: str, metrics: list[Metric]) -> None:
         self.client.log_batch(run_id, metrics=metrics, synchronous=True)
 
-    def flush(self, run_id: str | None = None) -> int:
-        """Wait until the queued records are written (those of ``run_id``, else all).
+    def flush(self) -> int:
+        """Wait until the queued records are written.
 
         A record that could not be written is not retried: each run's are reported in one error
         line (what they held is not in MLflow). Returns how many records were lost.
         """
-        lost: dict[str, list[BaseException]] = {}
-        for run, error in self._writer.wait() if self._writer is not None else ():
-            lost.setdefault(run, []).append(error)
-        for run in [run_id] if run_id is not None else list(self._pending):
-            for operations in self._pending.pop(run, []):
-                try:
-                    operations.wait()
-                except MlflowException as exc:
-                    lost.setdefault(run, []).append(exc)
-        for run, errors in lost.items():
-            log.error("MLflow did not record %d epoch record(s) of run %s: %s", len(errors),
-                      run, _first_line(errors[0]))
-        return sum(len(errors) for errors in lost.values())
+        lost: dict[str, list[tuple[int, BaseException]]] = {}
+        for run, records, error in self._records.wait() if self._records is not None else ():
+            lost.setdefault(run, []).append((records, error))
+        for run, failures in lost.items():
+            log.error("MLflow did not record %d epoch record(s) of run %s: %s",
+                      sum(n for n, _ in failures), run, _first_line(failures[0][1]))
+        return sum(n for failures in lost.values() for n, _ in failures)
 
     def set_tags(self, run_id: str, tags: Mapping[str, Any]) -> None:
         """Written at once: a resumed study finds a trial's run by its tags."""
@@ -269,12 +290,12 @@ class Tracker:
                               synchronous=True)
 
     def last_step(self, run_id: str, key: str) -> int:
-        self.flush(run_id)
+        self.flush()
         history = self.client.get_metric_history(run_id, key)
         return max((m.step for m in history), default=0)
 
     def finish(self, run_id: str, status: str = "FINISHED") -> None:
-        self.flush(run_id)  # a run is finished with every record it was given
+        self.flush()  # a run is finished with every record it was given
         self.client.set_terminated(run_id, status=status)
 
 
@@ -337,8 +358,8 @@ def _without_password(uri: str) -> str:
 
 
 def check_store(tracking_uri: str, busy_timeout: float = 30.0) -> None:
-    """A sqlite tracking store that exists must be an intact database, at the schema that the
-    installed MLflow and the platform's SQL writes (:mod:`studies.frameworks.mlflow`) expect.
+    """A sqlite tracking store that exists must be an intact database that the installed MLflow
+    opens (MLflow refuses a store at another schema revision than its own).
 
     Checked on the driver before Ray starts (``PRAGMA quick_check`` reads every page, 0.25 s
     for 250 MB): MLflow would otherwise fail on the store's first damaged page, after the study
@@ -348,33 +369,36 @@ def check_store(tracking_uri: str, busy_timeout: float = 30.0) -> None:
     Raises:
         UserError: one line naming the file, what is wrong and the fix.
     """
-    db = mlflow_adapter.sqlite_file(tracking_uri)
-    if db is None:
+    db = sqlite_file(tracking_uri)
+    if db is None or not db.is_file():
         return
-    if db.is_file():
+    try:
         try:
-            try:
-                rows = _quick_check(db, busy_timeout, "ro")
-            except sqlite3.OperationalError as exc:
-                if "readonly" not in str(exc):
-                    raise
-                # A hot journal: a writer killed mid-transaction (SIGKILL). Only a writable
-                # connection lets SQLite roll it back, as any next writer would.
-                rows = _quick_check(db, busy_timeout, "rw")
-            problem = "" if rows == [("ok",)] else str(rows[0][0]).splitlines()[0]
+            rows = _quick_check(db, busy_timeout, "ro")
         except sqlite3.OperationalError as exc:
-            if "locked" in str(exc) or "busy" in str(exc):  # another study writes to it
-                log.info("the MLflow store %s is busy; not checked", db)
-                return
-            problem = str(exc).splitlines()[0]
-        except sqlite3.Error as exc:
-            problem = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        if problem:
-            raise UserError(
-                f"the MLflow store {db} is damaged ({problem}); move it aside (mv {db} "
-                f"{db}.damaged: the next run starts a new store) or put back a copy from a "
-                "backup, then run the same command again")
-    mlflow_adapter.check_sqlite_store(db)
+            if "readonly" not in str(exc):
+                raise
+            # A hot journal: a writer killed mid-transaction (SIGKILL). Only a writable
+            # connection lets SQLite roll it back, as any next writer would.
+            rows = _quick_check(db, busy_timeout, "rw")
+        problem = "" if rows == [("ok",)] else str(rows[0][0]).splitlines()[0]
+    except sqlite3.OperationalError as exc:
+        if "locked" in str(exc) or "busy" in str(exc):  # another study writes to it
+            log.info("the MLflow store %s is busy; not checked", db)
+            return
+        problem = str(exc).splitlines()[0]
+    except sqlite3.Error as exc:
+        problem = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if problem:
+        raise UserError(
+            f"the MLflow store {db} is damaged ({problem}); move it aside (mv {db} "
+            f"{db}.damaged: the next run starts a new store) or put back a copy from a "
+            "backup, then run the same command again")
+    try:
+        MlflowClient(tracking_uri).search_experiments(max_results=1)
+    except MlflowException as exc:
+        raise UserError(f"the MLflow store {db} cannot be opened by the installed mlflow "
+                        f"{mlflow.__version__}: {_first_line(exc)}") from None
 
 
 def _quick_check(db: Path, busy_timeout: float, mode: str) -> list[tuple]:
@@ -478,7 +502,7 @@ class MlflowTrialCallback(Callback):
         """Record one epoch's result, unless its run has it already (an epoch replayed after a
         restore)."""
         run_id = self.run_id(trial)
-        epoch = int(result.get("epoch", 0))
+        epoch = epochs_of(result)
         if epoch <= self._last_epoch[run_id]:
             return
         self.tracker.log_batch(run_id, epoch_metrics(result, int(time.time() * 1000)))
@@ -512,19 +536,19 @@ class MlflowTrialCallback(Callback):
                     self.tracker.client.log_artifact(run_id, str(path), artifact_path=folder)
 
     def on_experiment_end(self, trials: list, **info: Any) -> None:
-        self.tracker.flush()  # the records still queued for a server, before the report reads them
+        self.tracker.flush()  # the records still queued, before the report reads them
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         run_id = self.run_id(trial)
-        epochs = int((trial.last_result or {}).get("epoch", 0))
-        full = epochs >= self.max_epochs[spec_of(trial.config).condition]
+        epochs = epochs_of(trial.last_result)
+        full = full_budget(epochs, self.max_epochs[spec_of(trial.config).condition])
         self.tracker.set_tags(run_id, {"epochs": epochs, "budget_complete": str(full).lower(),
                                        "stopped_early": str(not full).lower()})
         self.tracker.finish(run_id, "FINISHED")
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         run_id = self.run_id(trial)
-        epochs = int((trial.last_result or {}).get("epoch", 0))
+        epochs = epochs_of(trial.last_result)
         self.tracker.set_tags(run_id, {ERROR_TAG: error_line(trial_error(trial)), "epochs": epochs,
                                        "budget_complete": "false", "stopped_early": "false"})
         self.tracker.finish(run_id, "FAILED")

@@ -83,3 +83,15 @@ def trial_label(trial_id: str, config: Mapping[str, Any]) -> str:
 def spec_of(config: Mapping[str, Any]) -> TrialSpec:
     """The TrialSpec in a trial's Tune config."""
     return config[KEY]
+
+
+def epochs_of(result: Mapping[str, Any] | None) -> int:
+    """The epochs a trial has reported: its (last) result's ``epoch``, 0 before the first."""
+    return int((result or {}).get("epoch", 0))
+
+
+def full_budget(epochs: int, max_epochs: int) -> bool:
+    """Whether a trial that reported ``epochs`` ran its condition's full budget: what selection
+    requires, the searcher tells Optuna (COMPLETE, else PRUNED) and a run's tags record (an
+    ASHA-stopped trial did not)."""
+    return epochs >= max_epochs

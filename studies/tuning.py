@@ -66,7 +66,7 @@ from studies.signals import StudyIncomplete
 from studies.space import ConditionalSpace, grid_points
 from studies.tracking import PARENT_TAG, MlflowTrialCallback
 from studies.trainable import StopWhenUnreadable, TrialJob, run_trial, unreadable_stops
-from studies.trials import KEY, TrialSpec, spec_of, trial_label
+from studies.trials import KEY, TrialSpec, epochs_of, full_budget, spec_of, trial_label
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class TrialRecord:
 
     @property
     def epochs(self) -> int:
-        return int(self.metrics.get("epoch", 0))
+        return epochs_of(self.metrics)
 
     @property
     def label(self) -> str:
@@ -150,8 +150,8 @@ class ProgressCallback(tune.Callback):
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         result = trial.last_result or {}
-        epochs = int(result.get("epoch", 0))
-        ended = "full budget" if epochs >= self.progress.max_epochs else "stopped by ASHA"
+        epochs = epochs_of(result)
+        ended = "full budget" if full_budget(epochs, self.progress.max_epochs) else "stopped by ASHA"
         self._ended_line(trial, f"{epochs} epoch(s), {self.progress.metric} "
                                 f"{result.get(self.progress.metric, float('nan')):.2f} ({ended})")
         self._status(trials)
@@ -168,7 +168,7 @@ class ProgressCallback(tune.Callback):
     def _ended_line(self, trial: Any, how: str) -> None:
         if trial.trial_id not in self._ended:
             self._ended.add(trial.trial_id)
-            self.progress.on_trial_end(int((trial.last_result or {}).get("epoch", 0)))
+            self.progress.on_trial_end(epochs_of(trial.last_result))
         self._write(f"  {trial_label(trial.trial_id, trial.config)}: {how}")
 
     def _status(self, trials: list) -> None:
@@ -191,7 +191,7 @@ class ProgressCallback(tune.Callback):
             self.say(line)
 
     def _state(self, trial: Any) -> TrialView:
-        epochs = int((trial.last_result or {}).get("epoch", 0))
+        epochs = epochs_of(trial.last_result)
         group = spec_of(trial.config).condition
         if trial.trial_id in self._ended or trial.status in ("TERMINATED", "ERROR"):
             return TrialView(trial.trial_id, DONE, epochs, group)

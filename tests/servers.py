@@ -1,7 +1,9 @@
 """The servers a lab runs beside the platform, started on 127.0.0.1 for the tests: an
 S3-compatible object store (moto's server mode, from PyPI: ``moto[server]`` in the dev extra)
 and PostgreSQL (Debian's ``postgresql`` package, which ``.ci/run`` installs where it is
-missing). ``mlflow server`` itself is :func:`studies.frameworks.mlflow.loopback_server`.
+missing), and ``mlflow server`` (:func:`loopback_server`, also loaded by the tracking benchmark
+through ``benchmarks/testfakes.py``; its flags, ``/health`` page and the variable that leaves out
+its job runner are those of MLflow 3.16 and 3.17).
 
 Each server runs in a process group of its own, started and stopped here by its PID (SIGTERM,
 then SIGKILL for whatever of the group is left), also when the test fails; its data lives in a
@@ -178,3 +180,50 @@ def postgres_server() -> Iterator[str]:
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=2) as reply:
+            return reply.status == 200
+    except OSError:  # refused, reset, timed out, or an HTTP error status
+        return False
+
+
+@contextlib.contextmanager
+def loopback_server(backend_store_uri: str, folder: Path, workers: int = 1,
+                    timeout: float = 300.0, artifacts: str | None = None) -> Iterator[str]:
+    """``mlflow server`` on 127.0.0.1 at a free port, over ``backend_store_uri``, its artifacts
+    in ``artifacts`` (a folder or a URI such as ``s3://bucket/mlflow``; default: ``folder``'s
+    ``artifacts``, served by the server either way) and its log in ``folder``: yields its URL
+    once it answers. When the block ends (also on an error or Ctrl-C) the server is stopped by
+    the process group it was started in, so its workers with it. Its job runner (seven processes
+    MLflow 3.17 starts for GenAI jobs) is left out: recording runs does not use it.
+
+    Raises:
+        RuntimeError: the server exited, or did not answer within ``timeout`` seconds (the
+            message ends with the last line of its log).
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend_store_uri,
+               "--artifacts-destination", artifacts or str(folder / "artifacts"),
+               "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers)]
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    with open(folder / "server.log", "wb") as out:
+        server = subprocess.Popen(command, cwd=folder, env=env, stdout=out,
+                                  stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        start = time.monotonic()
+        while not _healthy(url):
+            if server.poll() is not None or time.monotonic() - start > timeout:
+                lines = (folder / "server.log").read_text(errors="replace").strip().splitlines()
+                state = (f"exited with {server.returncode}" if server.returncode is not None
+                         else f"did not answer within {timeout:.0f} s")
+                raise RuntimeError(f"mlflow server at {url} {state}: "
+                                   f"{lines[-1] if lines else 'no output'}")
+            time.sleep(0.2)  # polls the server, not a timing
+        yield url
+    finally:
+        stop_group(server)

@@ -9,10 +9,20 @@ import pytest
 import torch
 
 from icr.losses import build_loss
-from icr.losses.adopt import adopt_k, adopt_k_tensor, adopt_loss
+from icr.losses.adopt import ADOPT_POWER, adopt_k_tensor, adopt_loss
 from icr.losses.contrastive import LOSSES, split_output
 
 # ---------------------------------------------------------------- plain-loop oracle
+
+
+def adopt_k(align: float, uniform: float, batch: int) -> int:
+    """K from Eq. 6 as the reference code computes it, in Python floats, with the choices
+    :func:`icr.losses.adopt.adopt_k_tensor` documents: the oracle of that device version."""
+    total = align + uniform
+    total = max(total, 0.0) if math.isfinite(total) else 0.0
+    angle = min(total**ADOPT_POWER, math.pi / 2)
+    k = int(math.cos(angle) * batch) + 1
+    return min(max(k, 1), batch - 1)
 
 
 def adopt_loop(sims: torch.Tensor, image_ids: list[int], margin: float, tau: float):

@@ -11,12 +11,11 @@ from icr.errors import ConfigError
 from icr.models.efficientnet import (
     EfficientNetLite0,
     SameConv2d,
-    efficientnet_lite0_classifier,
     lite0_weights_file,
     load_lite0_weights,
     normalize,
 )
-from icr.models.image import IMAGE_ENCODERS, build_image_encoder
+from icr.models.image import IMAGE_ENCODERS
 
 SIZE = 224
 
@@ -24,6 +23,15 @@ SIZE = 224
 @pytest.fixture(scope="module")
 def weights() -> dict[str, torch.Tensor]:
     return torch.load(lite0_weights_file(), map_location="cpu", weights_only=True)
+
+
+def efficientnet_lite0_classifier(*, pretrained: bool = True) -> EfficientNetLite0:
+    """The ImageNet classifier (1000 classes) of the shipped weights, to check them
+    (:meth:`EfficientNetLite0.logits`)."""
+    model = EfficientNetLite0(num_classes=1000)
+    if pretrained:
+        load_lite0_weights(model, lite0_weights_file())
+    return model
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +71,7 @@ def test_real_weights_load_strictly(weights):
     torch.testing.assert_close(
         model._blocks[15]._project_conv.weight, weights["_blocks.15._project_conv.weight"]
     )
-    encoder = build_image_encoder("efficientnet_lite0")  # default: pretrained
+    encoder = IMAGE_ENCODERS.bind("efficientnet_lite0")()  # default: pretrained
     assert set(encoder.backbone.state_dict()) == {k for k in weights if not k.startswith("_fc.")}
     torch.testing.assert_close(encoder.backbone._conv_head.weight, weights["_conv_head.weight"])
 
@@ -74,14 +82,14 @@ def test_weights_that_do_not_fit_raise_one_line(tmp_path, weights):
     path = tmp_path / "broken.pth"
     torch.save(broken, path)
     with pytest.raises(ConfigError, match="do not fit EfficientNet-Lite0.*running_var"):
-        build_image_encoder("efficientnet_lite0", weights_path=str(path))
+        IMAGE_ENCODERS.bind("efficientnet_lite0", weights_path=str(path))()
     with pytest.raises(ConfigError, match="does not exist"):
-        build_image_encoder("efficientnet_lite0", weights_path=str(tmp_path / "missing.pth"))
+        IMAGE_ENCODERS.bind("efficientnet_lite0", weights_path=str(tmp_path / "missing.pth"))()
 
 
 def test_encoder_output_shape():
     assert IMAGE_ENCODERS.meta("efficientnet_lite0")["input"] == "pixels"
-    encoder = build_image_encoder("efficientnet_lite0", pretrained=False).eval()
+    encoder = IMAGE_ENCODERS.bind("efficientnet_lite0", pretrained=False)().eval()
     assert encoder.output_dim == 1280
     assert encoder.backbone(torch.rand(2, 3, 64, 64)).shape == (2, 1280, 2, 2)
     out = encoder(normalize(torch.rand(2, 3, 64, 64)))
@@ -134,7 +142,7 @@ def test_real_weights_tell_patterns_apart_random_ones_do_not(classifier):
 
 def test_frozen_backbone_keeps_batchnorm_statistics():
     torch.manual_seed(1)
-    encoder = build_image_encoder("efficientnet_lite0", pretrained=False, drop_connect_rate=0.2)
+    encoder = IMAGE_ENCODERS.bind("efficientnet_lite0", pretrained=False, drop_connect_rate=0.2)()
     images = normalize(torch.rand(2, 3, 32, 32))
     before = {k: v.clone() for k, v in encoder.state_dict().items() if "running" in k}
     encoder.set_backbone_trainable(False)
@@ -164,7 +172,7 @@ def test_feature_cache_computes_once_in_eval_mode(tmp_path, monkeypatch):
     from icr.data import features as features_module
 
     torch.manual_seed(2)
-    encoder = build_image_encoder("efficientnet_lite0", pretrained=False)
+    encoder = IMAGE_ENCODERS.bind("efficientnet_lite0", pretrained=False)()
     encoder.train()
     images = _small_images()
     got = features_module.cached_backbone_features(
@@ -191,7 +199,7 @@ def test_feature_cache_key_follows_weights_images_and_resolution(tmp_path):
     from icr.data.features import cache_key, feature_cache_path
 
     torch.manual_seed(3)
-    encoder = build_image_encoder("efficientnet_lite0", pretrained=False)
+    encoder = IMAGE_ENCODERS.bind("efficientnet_lite0", pretrained=False)()
     images = _small_images()
     key = cache_key(encoder, images, normalize, "a")
     assert key == cache_key(encoder, images.clone(), normalize, "a")  # content, not identity

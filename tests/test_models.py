@@ -13,7 +13,7 @@ from icr.config import ImageConfig
 from icr.errors import ConfigError
 from icr.models.dual_encoder import DualEncoder
 from icr.models.heads import ProjectionHead
-from icr.models.image import IMAGE_ENCODERS, build_image_encoder
+from icr.models.image import IMAGE_ENCODERS
 from icr.models.text import GRUCaptionEncoder
 
 EXPECTED_DIMS = {"resnet50": 2048, "resnet18": 512, "small_cnn": 16, "efficientnet_lite0": 1280}
@@ -152,23 +152,23 @@ def test_weights_of_wrong_architecture_raise(tmp_path):
 
 def test_small_cnn_round_trips_its_own_weights(tmp_path):
     torch.manual_seed(3)
-    enc = build_image_encoder("small_cnn", output_dim=64).eval()
+    enc = IMAGE_ENCODERS.bind("small_cnn", output_dim=64)().eval()
     path = tmp_path / "cnn.pth"
     torch.save(enc.state_dict(), path)  # keys carry the "backbone." prefix
-    loaded = build_image_encoder(
+    loaded = IMAGE_ENCODERS.bind(
         "small_cnn", output_dim=64, pretrained=True, weights_path=str(path)
-    ).eval()
+    )().eval()
     x = _images(size=64)
     assert loaded(x).shape == (2, 64)
     torch.testing.assert_close(loaded(x), enc(x))
-    assert sum(p.numel() for p in build_image_encoder("small_cnn").parameters()) < 1_000_000
+    assert sum(p.numel() for p in IMAGE_ENCODERS.bind("small_cnn")().parameters()) < 1_000_000
 
 
-def test_build_image_encoder_rejects_unknown_options():
+def test_an_image_encoder_rejects_unknown_options():
     with pytest.raises(ConfigError, match="output_dim"):
-        build_image_encoder("resnet18", output_dim=10)
+        IMAGE_ENCODERS.bind("resnet18", output_dim=10)()
     with pytest.raises(ConfigError, match="small_cnn"):
-        build_image_encoder("vgg_nope")
+        IMAGE_ENCODERS.bind("vgg_nope")()
 
 
 # --------------------------------------------------------------------------- caption encoder
@@ -253,7 +253,7 @@ def test_projection_head(hidden_dim, batchnorm):
 
 def _dual_encoder() -> DualEncoder:
     torch.manual_seed(0)
-    image = build_image_encoder("small_cnn", output_dim=32, width=8)
+    image = IMAGE_ENCODERS.bind("small_cnn", output_dim=32, width=8)()
     text = GRUCaptionEncoder(20, embed_dim=6, hidden_dim=H)
     return DualEncoder(
         image,

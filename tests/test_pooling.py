@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from icr.errors import ConfigError
-from icr.models.pooling import POOLINGS, build_pooling, positional_encoding
+from icr.models.pooling import POOLINGS, positional_encoding
 
 DIM = 6
 
@@ -112,7 +112,7 @@ def test_every_registered_pooling_has_a_plain_loop_oracle():
 @pytest.mark.parametrize("name", POOLINGS.names())
 def test_pooling_matches_plain_loop(name):
     features, mask = _tokens()
-    pool = build_pooling(name, DIM)
+    pool = POOLINGS.bind(name)(DIM)
     with torch.no_grad():
         torch.testing.assert_close(pool(features, mask), ORACLES[name](pool, features, mask),
                                    atol=1e-5, rtol=1e-5)
@@ -127,7 +127,7 @@ def test_max_and_mean_by_hand():
 
 def test_gpo_weights_are_a_softmax_over_the_real_positions():
     features, mask = _tokens()
-    pool = build_pooling("gpo", DIM)
+    pool = POOLINGS.bind("gpo")(DIM)
     sorted_mask = torch.arange(5)[None, :] < mask.sum(1, keepdim=True)
     weights = pool.position_weights(sorted_mask)
     torch.testing.assert_close(weights.sum(1), torch.ones(3))
@@ -154,7 +154,7 @@ def _with_garbage(features, mask, extra: int):
 @pytest.mark.parametrize("name", POOLINGS.names())
 def test_padding_never_reaches_the_pooled_vector(name):
     features, mask = _tokens()
-    pool = build_pooling(name, DIM).eval()
+    pool = POOLINGS.bind(name)(DIM).eval()
     with torch.no_grad():
         clean = pool(features, mask)
         dirty = pool(*_with_garbage(features, mask, extra=4))
@@ -165,7 +165,7 @@ def test_padding_never_reaches_the_pooled_vector(name):
 @pytest.mark.parametrize("name", POOLINGS.names())
 def test_pooling_is_invariant_to_token_order(name):
     features, mask = _tokens()
-    pool = build_pooling(name, DIM).eval()
+    pool = POOLINGS.bind(name)(DIM).eval()
     perm = torch.randperm(features.shape[1])
     with torch.no_grad():
         torch.testing.assert_close(
@@ -177,7 +177,7 @@ def test_pooling_is_invariant_to_token_order(name):
 def test_backward_is_finite_and_zero_on_padding(name):
     features, mask = _with_garbage(*_tokens(), extra=2)
     features.requires_grad_(True)
-    pool = build_pooling(name, DIM)
+    pool = POOLINGS.bind(name)(DIM)
     pool(features, mask).pow(2).sum().backward()
     assert torch.isfinite(features.grad).all()
     assert bool((features.grad[~mask] == 0).all())
@@ -188,7 +188,7 @@ def test_backward_is_finite_and_zero_on_padding(name):
 
 @pytest.mark.parametrize("name", POOLINGS.names())
 def test_a_single_token_pools_to_itself(name):
-    pool = build_pooling(name, DIM).eval()
+    pool = POOLINGS.bind(name)(DIM).eval()
     single = torch.randn(2, 1, DIM)
     with torch.no_grad():
         torch.testing.assert_close(
@@ -198,11 +198,11 @@ def test_a_single_token_pools_to_itself(name):
         torch.testing.assert_close(pool(padded, mask), single[:, 0], atol=1e-6, rtol=1e-6)
 
 
-def test_build_pooling_rejects_unknown_names_and_options():
+def test_a_pooling_rejects_unknown_names_and_options():
     with pytest.raises(ConfigError, match="valid: adpool, gpo, max, mean"):
-        build_pooling("attention", DIM)
+        POOLINGS.bind("attention")(DIM)
     with pytest.raises(ConfigError, match="pe_dim"):
-        build_pooling("gpo", DIM, width=3)
+        POOLINGS.bind("gpo", width=3)(DIM)
     with pytest.raises(ConfigError, match="even"):
-        build_pooling("gpo", DIM, pe_dim=5)
-    assert build_pooling("gpo", DIM, temperature=0.5).temperature == 0.5
+        POOLINGS.bind("gpo", pe_dim=5)(DIM)
+    assert POOLINGS.bind("gpo", temperature=0.5)(DIM).temperature == 0.5

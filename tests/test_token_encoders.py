@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from icr.errors import ConfigError
-from icr.models.pooling import POOLINGS, build_pooling
+from icr.models.pooling import POOLINGS
 from icr.models.tokens import (
     BertTokenEncoder,
     GRUTokenEncoder,
@@ -240,7 +240,7 @@ def test_every_pooling_applies_to_every_encoder(pooling, tiny_bert):
     regions, region_mask = _regions()
     tokens, lengths = _captions()
     ids = bert_inputs(CAPTIONS, load_bert_tokenizer(tiny_bert), max_len=8)
-    pool = build_pooling(pooling, 8)
+    pool = POOLINGS.bind(pooling)(8)
     pooled = [
         pool(*region(regions, region_mask)),
         pool(*gru(tokens, lengths)),

@@ -1,6 +1,6 @@
-"""Recording in MLflow: what the platform's recorder writes equals MLflow's own ``log_batch``, on a
-local store (SQL transactions of the adapter) and on an MLflow server (MLflow's asynchronous
-logging); a store at another schema is refused in one line."""
+"""Recording in MLflow: the platform's recorder (MLflow's public ``log_batch``, called by one
+thread) writes every record once, on a local store and on an MLflow server; a store that the
+installed MLflow cannot open is refused in one line."""
 
 from __future__ import annotations
 
@@ -23,7 +23,6 @@ from mlflow.tracking import MlflowClient
 from icr.config import ExperimentConfig
 from icr.errors import UserError
 from studies.failures import error_line, failed_in_training
-from studies.frameworks import mlflow as mlflow_adapter
 from studies.tracking import (
     ERROR_TAG,
     EXPERIMENT_KIND,
@@ -36,8 +35,9 @@ from studies.tracking import (
 )
 from studies.trials import KEY, TrialSpec, run_name, trial_label
 
+from servers import loopback_server
+
 ROOT = Path(__file__).resolve().parents[1]
-WAYS = {"sql": True, "mlflow-async": False}  # Tracker(sql_metrics=...): the two ways to record
 
 
 @pytest.fixture()
@@ -68,13 +68,12 @@ def _snapshot(client: MlflowClient, run_id: str, timestamps: bool = True) -> tup
     return history, latest
 
 
-@pytest.mark.parametrize("way", WAYS)
-def test_the_recorder_records_what_log_batch_records(tmp_path, monkeypatch, way):
-    """Both ways of the recorder (the adapter's SQL transactions, MLflow's asynchronous queue)
-    leave the store as MLflow's synchronous log_batch does: history and latest values, with
-    MLflow's rule for the latest (greatest step, timestamp, value) and NaN / inf as it stores them."""
+def test_the_recorder_records_what_log_batch_records(tmp_path, monkeypatch):
+    """The recorder's queue (records merged per run) leaves the store as MLflow's synchronous
+    log_batch of each record does: history and latest values, with MLflow's rule for the latest
+    (greatest step, timestamp, value) and NaN / inf as it stores them."""
     monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
-    tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "t", sql_metrics=WAYS[way])
+    tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "t")
     now = int(time.time() * 1000)
     ours = tracker.create_run("ours", {})
     theirs = tracker.create_run("theirs", {})
@@ -89,12 +88,10 @@ def test_the_recorder_records_what_log_batch_records(tmp_path, monkeypatch, way)
     assert len(history["trajectory/loss"]) == 4
 
 
-@pytest.mark.parametrize("way", WAYS)
-def test_a_record_logged_twice_is_not_doubled(tmp_path, monkeypatch, way):
-    """An epoch recorded again after a resume: MLflow's dedup keeps one copy (the SQL path
-    leaves such a record to MLflow)."""
+def test_a_record_logged_twice_is_not_doubled(tmp_path, monkeypatch):
+    """An epoch recorded again after a resume: MLflow's dedup keeps one copy."""
     monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
-    tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "t", sql_metrics=WAYS[way])
+    tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "t")
     run = tracker.create_run("r", {})
     batch = _batches(int(time.time() * 1000))[0]
     tracker.log_batch(run, batch)
@@ -104,12 +101,11 @@ def test_a_record_logged_twice_is_not_doubled(tmp_path, monkeypatch, way):
     assert len(tracker.client.get_metric_history(run, "trajectory/loss")) == 2
 
 
-@pytest.mark.parametrize("way", WAYS)
-def test_a_record_that_cannot_be_written_is_an_error_line(tmp_path, monkeypatch, caplog, way):
+def test_a_record_that_cannot_be_written_is_an_error_line(tmp_path, monkeypatch, caplog):
     """A queued record MLflow refuses (its run was deleted) is not lost silently: flush says how
     many records of which run were not recorded, in one line, and the tracker goes on."""
     monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
-    tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "t", sql_metrics=WAYS[way])
+    tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "t")
     gone, kept = tracker.create_run("gone", {}), tracker.create_run("kept", {})
     tracker.client.delete_run(gone)
     now = int(time.time() * 1000)
@@ -123,10 +119,9 @@ def test_a_record_that_cannot_be_written_is_an_error_line(tmp_path, monkeypatch,
     assert tracker.client.get_run(kept).data.metrics == {"val_rsum": 2.0}
 
 
-@pytest.mark.parametrize("way", WAYS)
-def test_a_run_is_finished_with_every_record_it_was_given(tmp_path, monkeypatch, way):
+def test_a_run_is_finished_with_every_record_it_was_given(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
-    tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "t", sql_metrics=WAYS[way])
+    tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "t")
     run = tracker.create_run("r", {})
     now = int(time.time() * 1000)
     for epoch in range(1, 6):
@@ -137,31 +132,32 @@ def test_a_run_is_finished_with_every_record_it_was_given(tmp_path, monkeypatch,
     assert [m.step for m in fresh.get_metric_history(run, "epoch")] == [1, 2, 3, 4, 5]
 
 
-def test_records_queued_while_one_is_written_are_committed_together(tracker, monkeypatch):
-    """The first record is held in its transaction until 59 more (of three runs) are queued: they
-    are written in the next one, all of them."""
+def test_records_queued_while_one_is_written_are_merged_per_run(tracker, monkeypatch):
+    """The first record is held in its log_batch until 59 more (of three runs) are queued: they
+    are written in the next pass, one log_batch per run, each run's records in their order."""
     calls, writing, queued = [], threading.Event(), threading.Event()
-    insert = mlflow_adapter.insert_metrics
+    log_batch = tracker.client.log_batch
 
-    def held_first(db, records):
-        calls.append(len(records))
+    def held_first(run_id, metrics, synchronous):
+        calls.append((run_id, [m.step for m in metrics]))
         if len(calls) == 1:
             writing.set()
             assert queued.wait(timeout=60)
-        return insert(db, records)
+        return log_batch(run_id, metrics=metrics, synchronous=synchronous)
 
-    monkeypatch.setattr(mlflow_adapter, "insert_metrics", held_first)
     runs = [tracker.create_run(f"r{i}", {}) for i in range(3)]
+    monkeypatch.setattr(tracker.client, "log_batch", held_first)
     now = int(time.time() * 1000)
     records = [(run, Metric("val_rsum", 10.0 * i + epoch, now, epoch))
                for epoch in range(1, 21) for i, run in enumerate(runs)]
     tracker.log_batch(records[0][0], [records[0][1]])
-    assert writing.wait(timeout=60)  # the writer is inside its first transaction
+    assert writing.wait(timeout=60)  # the writer is inside its first call
     for run, metric in records[1:]:
         tracker.log_batch(run, [metric])
     queued.set()
     assert tracker.flush() == 0
-    assert calls == [1, 59]
+    assert calls == [(runs[0], [1]), (runs[1], list(range(1, 21))),
+                     (runs[2], list(range(1, 21))), (runs[0], list(range(2, 21)))]
     for i, run in enumerate(runs):
         assert tracker.client.get_run(run).data.metrics == {"val_rsum": 10.0 * i + 20}
         assert len(tracker.client.get_metric_history(run, "val_rsum")) == 20
@@ -180,47 +176,25 @@ def test_a_driver_that_exits_writes_what_it_queued(tmp_path):
     assert len(MlflowClient(f"sqlite:///{db}").get_metric_history(run, "epoch")) == 50
 
 
-# --- the adapter's guard: the tested MLflow and its schema ------------------------------------
-
-
-def _store_at(tmp_path: Path, revision: str | None = None) -> Path:
-    """A store MLflow 3.17.2 made, its schema revision then set to ``revision``."""
-    db = tmp_path / "mlflow.db"
-    Tracker(f"sqlite:///{db}", "t").create_run("r", {})
-    if revision is not None:
-        with sqlite3.connect(db) as con:
-            con.execute("UPDATE alembic_version SET version_num = ?", (revision,))
-    return db
-
-
-def test_a_store_at_the_tested_schema_passes(tmp_path):
-    db = _store_at(tmp_path)
-    assert mlflow_adapter.schema_revision(db) == mlflow_adapter.SCHEMA_REVISION
-    assert mlflow_adapter.installed_version() == mlflow_adapter.TESTED_VERSION
-    check_store(f"sqlite:///{db}")  # no error
+# --- a store the installed MLflow cannot open ---------------------------------------------------
 
 
 def test_a_store_at_another_schema_is_refused_in_one_line(tmp_path):
-    db = _store_at(tmp_path, "0a1b2c3d4e5f")
+    """MLflow refuses a store at another schema revision than its own; the platform says so in
+    one line before Ray starts (the revision is set by hand, as another MLflow would leave it)."""
+    db = tmp_path / "mlflow.db"
+    # Made through another spelling of the path: MLflow keeps the store it opened per URI, and
+    # check_store must open this one afresh, as a new driver does.
+    Tracker(f"sqlite:///{tmp_path}/./mlflow.db", "t").create_run("r", {})
+    with sqlite3.connect(db) as con:
+        con.execute("UPDATE alembic_version SET version_num = '0a1b2c3d4e5f'")
     with pytest.raises(UserError) as refused:
         check_store(f"sqlite:///{db}")
     line = str(refused.value)
-    assert "\n" not in line and line.startswith(f"the MLflow store {db} is at schema revision 0a1b2c3d4e5f")
-    assert f"write revision {mlflow_adapter.SCHEMA_REVISION}" in line and "mlflow 3.17.2" in line
-    tracker = Tracker(f"sqlite:///{db}", "t")  # the recorder refuses before its first write
-    with pytest.raises(mlflow_adapter.StoreMismatch, match="schema revision 0a1b2c3d4e5f"):
-        tracker.log_batch("any", [Metric("m", 1.0, 0, 0)])
-
-
-def test_another_mlflow_version_is_refused_in_one_line(tmp_path, monkeypatch):
-    monkeypatch.setattr(mlflow_adapter, "installed_version", lambda: "3.18.0")
-    with pytest.raises(UserError) as refused:
-        check_store(f"sqlite:///{tmp_path / 'new.db'}")  # before the store exists
-    line = str(refused.value)
-    assert "\n" not in line
-    assert line.startswith("mlflow 3.18.0 is installed, but studies/frameworks/mlflow.py writes "
-                           "the tables of mlflow 3.17.2; install mlflow==3.17.2")
-    check_store("http://127.0.0.1:5000")  # a server's store is not written by the adapter
+    assert "\n" not in line and line.startswith(f"the MLflow store {db} cannot be opened by the "
+                                                "installed mlflow ")
+    assert "0a1b2c3d4e5f" in line
+    check_store("http://127.0.0.1:5000")  # a server's store is the server's business
 
 
 def test_mlflow_internals_are_reached_only_in_the_adapter():
@@ -347,7 +321,7 @@ def _recorded(tracker: Tracker) -> dict:
 def mlflow_server(tmp_path_factory):
     """``mlflow server`` on loopback over a fresh sqlite store, stopped after this module."""
     folder = tmp_path_factory.mktemp("server")
-    with mlflow_adapter.loopback_server(f"sqlite:///{folder / 'server.db'}", folder) as url:
+    with loopback_server(f"sqlite:///{folder / 'server.db'}", folder) as url:
         yield url
 
 
@@ -355,7 +329,6 @@ def mlflow_server(tmp_path_factory):
 def test_a_study_is_recorded_alike_on_a_local_store_and_on_an_mlflow_server(tmp_path, mlflow_server):
     local = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "t", tmp_path / "mlartifacts")
     remote = Tracker(mlflow_server, "t", tmp_path / "server-artifacts")
-    assert local.sql_metrics and not remote.sql_metrics  # SQL on the local store only
     _record_a_study(local)
     _record_a_study(remote)
     on_disk, on_server = _recorded(local), _recorded(remote)
@@ -372,7 +345,7 @@ def test_a_study_is_recorded_alike_on_a_local_store_and_on_an_mlflow_server(tmp_
 def test_the_loopback_server_is_stopped_with_its_workers(tmp_path):
     """The server the benchmark and the tests start is gone when its block ends, its workers
     with it, also when the block fails."""
-    with pytest.raises(RuntimeError, match="inside"), mlflow_adapter.loopback_server(
+    with pytest.raises(RuntimeError, match="inside"), loopback_server(
             f"sqlite:///{tmp_path / 's.db'}", tmp_path, workers=2) as url:
         assert MlflowClient(url).search_experiments()  # it answers
         found = subprocess.run(["pgrep", "-f", f"port {url.rsplit(':', 1)[1]}"],

@@ -89,9 +89,8 @@ def test_a_study_on_a_database_without_its_driver_stops_before_data_and_ray(
 def test_a_smoke_study_tracked_on_a_server_on_postgresql_keeps_its_report_in_the_bucket(
         tmp_path: Path, monkeypatch) -> None:
     from mlflow import MlflowClient
-    from servers import S3_CREDENTIALS, postgres_server, s3_server
 
-    from studies.frameworks.mlflow import loopback_server
+    from servers import S3_CREDENTIALS, loopback_server, postgres_server, s3_server
 
     for name, value in S3_CREDENTIALS.items():
         monkeypatch.setenv(name, value)

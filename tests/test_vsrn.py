@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from icr.models.image import IMAGE_ENCODERS, build_image_encoder
+from icr.models.image import IMAGE_ENCODERS
 from icr.models.vsrn import GraphReasoning, VSRNEncoder
 
 IN_DIM, DIM = 12, 8
@@ -14,7 +14,7 @@ IN_DIM, DIM = 12, 8
 
 def _encoder(seed: int = 0, **kwargs) -> VSRNEncoder:
     torch.manual_seed(seed)
-    return build_image_encoder("vsrn", in_dim=IN_DIM, output_dim=DIM, **kwargs)
+    return IMAGE_ENCODERS.bind("vsrn", in_dim=IN_DIM, output_dim=DIM, **kwargs)()
 
 
 def _open_reasoning(encoder: VSRNEncoder) -> None:

@@ -51,7 +51,6 @@ contributing query in a batch: SmoothAP's caption queries, each with a single po
 
 from __future__ import annotations
 
-import inspect
 import logging
 import math
 from collections.abc import Callable
@@ -235,12 +234,6 @@ def smoothap_cocos(
 
 
 # ---------------------------------------------------------------- over a split
-
-
-def counter_options(name: str) -> list[str]:
-    """The keyword options (``margin``, ``tau``, ``eps``) of the COCOS counter of loss ``name``."""
-    params = inspect.signature(COCOS_COUNTERS.get(name)).parameters
-    return [p for p in params if p not in ("sims", "image_ids")]
 
 
 def build_counter(name: str, **options: Any) -> Callable[..., dict[str, float]]:

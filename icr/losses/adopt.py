@@ -14,8 +14,11 @@ from icr.losses.contrastive import LOSSES, LossOutput, negative_mask
 ADOPT_POWER = 1.25  # exponent of (align + uniform) in the reference code (its ``scale``)
 
 
-def adopt_k(align: float, uniform: float, batch: int) -> int:
-    """The number of negatives AdOpt uses: ``clip(int(cos((align + uniform)^1.25) * B) + 1, 1, B - 1)``.
+def adopt_k_tensor(align: Tensor, uniform: Tensor, batch: int) -> Tensor:
+    """The number of negatives AdOpt uses, ``clip(int(cos((align + uniform)^1.25) * B) + 1, 1, B - 1)``,
+    on the device: ``align`` and ``uniform`` are never read on the host (which would wait for the
+    GPU at every step). Returns a 0-d int64 tensor; ``tests/test_adopt.py`` holds it equal to the
+    formula computed in Python floats over the whole range.
 
     Early in training (align small, uniform near 1) K is about half the batch; as positives align
     the cosine falls and K goes down to 1.
@@ -32,27 +35,14 @@ def adopt_k(align: float, uniform: float, batch: int) -> int:
     A batch of one holds no negative: K = 0.
 
     Args:
-        align: mean cosine of the positive pairs.
-        uniform: the code's uniformity, see :func:`adopt_loss`.
+        align: mean cosine of the positive pairs, 0-d.
+        uniform: the code's uniformity, 0-d, see :func:`adopt_loss`.
         batch: B, the number of pairs in the batch.
 
     References:
         VSE+2AD paper, Section 3.3, Eq. 6, with the exponent 1.25 and ``int(.) + 1`` of the
         reference code (vse_2ad ``losses.py``) in place of the paper's ``pi / 4`` scaling and
         rounding.
-    """
-    total = align + uniform
-    total = max(total, 0.0) if math.isfinite(total) else 0.0
-    angle = min(total**ADOPT_POWER, math.pi / 2)
-    k = int(math.cos(angle) * batch) + 1
-    return min(max(k, 1), batch - 1)
-
-
-def adopt_k_tensor(align: Tensor, uniform: Tensor, batch: int) -> Tensor:
-    """:func:`adopt_k` on the device, without reading ``align`` and ``uniform`` on the host
-    (which would wait for the GPU at every step). Returns a 0-d int64 tensor.
-
-    ``tests/test_adopt.py`` holds it equal to :func:`adopt_k` over the whole range.
     """
     total = align.double() + uniform.double()  # () as Python adds the two floats
     total = torch.where(torch.isfinite(total), total.clamp(min=0.0), torch.zeros_like(total))
@@ -98,8 +88,8 @@ def adopt_loss(
        published numbers and the K trajectory (about B/2 early, falling to 1) come from it.
        Both are computed without gradient, over the whole matrix, so K is the same in both
        directions.
-    2. ``K = adopt_k(align, uniform, B)`` (Eq. 6 as in the code, see :func:`adopt_k`),
-       computed on the device (:func:`adopt_k_tensor`).
+    2. ``K = adopt_k_tensor(align, uniform, B)`` (Eq. 6 as in the code, see
+       :func:`adopt_k_tensor`), computed on the device.
     3. For each image query (rows) and each caption query (columns), the K negatives of highest
        similarity; ``margin`` is added to their similarities; the loss is the cross-entropy of
        the positive among ``[positive, negatives] / tau``, averaged over queries, and the two

@@ -93,39 +93,6 @@ def positive_slots(caption_image: Tensor, num_images: int) -> tuple[Tensor, Tens
     return columns, valid
 
 
-def smoothap_i2t(matrix: Tensor, caption_image: Tensor, tau: float) -> Tensor:
-    """Smooth AP of every image query over all captions (Eq. 8 of Brown et al.).
-
-    Shapes:
-        matrix: ``(I, C)``; caption_image: ``(C,)``; returns ``(I,)``.
-    """
-    columns, valid = positive_slots(caption_image, matrix.shape[0])  # (I, P)
-    pos_scores = matrix.gather(1, columns)  # (I, P)
-    step = smooth_step(matrix[:, None, :] - pos_scores[:, :, None], tau)  # (I, P, C) G(D_ij)
-    own = torch.arange(matrix.shape[1], device=matrix.device)  # (C,)
-    others = own[None, None, :] != columns[:, :, None]  # (I, P, C): j != i
-    is_positive = (
-        caption_image[None, :] == torch.arange(matrix.shape[0], device=matrix.device)[:, None]
-    )
-    rank_all = 1 + (step * others).sum(2)  # (I, P) R(i)
-    rank_pos = 1 + (step * (others & is_positive[:, None, :])).sum(2)  # (I, P) R_pos(i)
-    ratio = torch.where(valid, rank_pos / rank_all, 0.0)  # (I, P)
-    return ratio.sum(1) / valid.sum(1)  # (I,)
-
-
-def smoothap_t2i(matrix: Tensor, caption_image: Tensor, tau: float) -> Tensor:
-    """Smooth AP of every caption query over the distinct images: ``1 / R(pos)``, one positive.
-
-    Shapes:
-        matrix: ``(I, C)``; caption_image: ``(C,)``; returns ``(C,)``.
-    """
-    scores = matrix.t()  # (C, I)
-    pos_scores = scores.gather(1, caption_image[:, None])  # (C, 1)
-    step = smooth_step(scores - pos_scores, tau)  # (C, I)
-    others = torch.arange(matrix.shape[0], device=matrix.device)[None, :] != caption_image[:, None]
-    return 1.0 / (1 + (step * others).sum(1))  # (C,)
-
-
 @LOSSES.register("smoothap")
 def smoothap_loss(sims: Tensor, image_ids: Tensor | None = None, *, tau: float = 0.01) -> Tensor:
     """SmoothAP loss ``0.5 * (mean (1 - AP) over image queries + over caption queries)``.

@@ -400,45 +400,6 @@ class _PositiveScores:
         return ranks.masked_fill(~exact, math.inf)
 
 
-def ranks_i2t(
-    sims: torch.Tensor, positives: torch.Tensor, *, depth: int = 0, chunk_size: int = 1024
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Ranks of image queries among all captions (rows of ``sims``), chunked over images.
-
-    Args:
-        sims: image-caption similarities.
-        positives: per image, its positive caption indices, padded with -1 (:func:`group_captions`).
-        depth: positive ranks are exact up to ``depth``; deeper ones may come back as ``inf``.
-        chunk_size: images per chunk.
-
-    Returns:
-        ``best``: the rank of the best-ranked positive, from 1 (the query's rank);
-        ``ranks``: the rank of every positive, ``inf`` for padding and ranks beyond ``depth``.
-
-    Shapes:
-        sims: ``(N_img, N_cap)``; positives: ``(N_img, P)``; best: ``(N_img,)`` int64;
-        ranks: ``(N_img, P)`` float32.
-    """
-    out = _scan(_row_chunks(sims, chunk_size), positives, positives, own_depth=0, cxc_depth=depth)
-    return out["best"], out["cxc_ranks"]
-
-
-def ranks_t2i(
-    sims: torch.Tensor, positives: torch.Tensor, *, depth: int = 0, chunk_size: int = 1024
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Ranks of caption queries among all images (columns of ``sims``), chunked over captions.
-
-    Same as :func:`ranks_i2t` with the roles swapped.
-
-    Shapes:
-        sims: ``(N_img, N_cap)``; positives: ``(N_cap, P)`` image indices, -1 padded;
-        best: ``(N_cap,)`` int64; ranks: ``(N_cap, P)`` float32.
-    """
-    chunks = _column_chunks(sims, chunk_size)
-    out = _scan(chunks, positives, positives, own_depth=0, cxc_depth=depth)
-    return out["best"], out["cxc_ranks"]
-
-
 def query_ranks(
     scores: torch.Tensor, positives: torch.Tensor, depth: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -559,35 +520,6 @@ def _precision_at_hits(ranks: torch.Tensor, k: int) -> torch.Tensor:
     sorted_ranks = ranks.sort(dim=1).values.double()  # (Q, P)
     position = torch.arange(1, ranks.shape[1] + 1, device=ranks.device, dtype=torch.double)  # (P,)
     return torch.where(sorted_ranks <= k, position / sorted_ranks, 0.0)
-
-
-def ndcg_t2i(
-    sims: torch.Tensor,
-    relevance: torch.Tensor | np.ndarray,
-    *,
-    k: int = NDCG_DEPTH,
-    chunk_size: int = 1024,
-) -> torch.Tensor:
-    """Per-caption nDCG@k of t2i retrieval with graded relevance, chunked over captions.
-
-    Args:
-        sims: image-caption similarities.
-        relevance: relevance of every image to every caption query (rows: captions); a numpy array
-            or a tensor on any device (moved to ``sims.device`` a chunk at a time).
-        k: the cut-off (25 in TERN and LTD).
-        chunk_size: captions per chunk.
-
-    Shapes:
-        sims: ``(N_img, N_cap)``; relevance: ``(N_cap, N_img)``; returns ``(N_cap,)`` in [0, 1].
-
-    References:
-        Messina et al. 2021 (TERN), section 4; LTD paper, Table 1 (nDCG ROUGE-L / SPICE).
-    """
-    out = []
-    for cols, scores in _column_chunks(sims, chunk_size):  # (B, N_img)
-        rel = _as_tensor(relevance[cols], sims.device)  # (B, N_img)
-        out.append(ndcg_at_k(scores, rel, k))
-    return torch.cat(out)
 
 
 def ndcg_at_k(scores: torch.Tensor, relevance: torch.Tensor, k: int) -> torch.Tensor:

@@ -52,7 +52,6 @@ __all__ = [
     "EfficientNetLite0",
     "EfficientNetEncoder",
     "efficientnet_lite0",
-    "efficientnet_lite0_classifier",
     "lite0_weights_file",
     "normalize",
 ]
@@ -308,13 +307,3 @@ def efficientnet_lite0(
     elif weights_path:
         logger.warning("image.weights_path=%s is ignored: image.pretrained is false", weights_path)
     return EfficientNetEncoder(backbone, FEATURE_DIM)
-
-
-def efficientnet_lite0_classifier(
-    *, pretrained: bool = True, weights_path: str | None = None
-) -> EfficientNetLite0:
-    """The ImageNet classifier (1000 classes), e.g. to check the weights; use :meth:`logits`."""
-    model = EfficientNetLite0(num_classes=1000)
-    if pretrained:
-        load_lite0_weights(model, lite0_weights_file(weights_path))
-    return model

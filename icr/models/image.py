@@ -34,7 +34,7 @@ from icr.registry import Registry
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["IMAGE_ENCODERS", "PIXEL_READS", "ImageEncoder", "build_image_encoder", "SmallCNN"]
+__all__ = ["IMAGE_ENCODERS", "PIXEL_READS", "ImageEncoder", "SmallCNN"]
 
 # What a run of an encoder of pixels reads beyond its builder's options: the trainer freezes its
 # backbone (``image.frozen``) and the data pipeline erases patches of its training images
@@ -93,11 +93,6 @@ class ImageEncoder(nn.Module):
 IMAGE_ENCODERS: Registry[Callable[..., nn.Module]] = Registry(
     "image encoder", section=ImageConfig, package="icr.models"
 )
-
-
-def build_image_encoder(name: str, **kwargs: object) -> ImageEncoder:
-    """Build the encoder registered as ``name``; an option it does not take raises ConfigError."""
-    return IMAGE_ENCODERS.bind(name, **kwargs)()
 
 
 # --------------------------------------------------------------------------- weights

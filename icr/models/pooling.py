@@ -35,17 +35,11 @@ __all__ = [
     "GPO",
     "MaxPool",
     "MeanPool",
-    "build_pooling",
     "positional_encoding",
     "sort_tokens",
 ]
 
 POOLINGS: Registry[Callable[..., nn.Module]] = Registry("pooling", package="icr.models")
-
-
-def build_pooling(name: str, dim: int, **options: object) -> nn.Module:
-    """The pooling registered as ``name`` for ``dim``-d features; an unknown option raises."""
-    return POOLINGS.bind(name, **options)(dim)
 
 
 def sort_tokens(features: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:

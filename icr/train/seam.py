@@ -3,8 +3,8 @@
 ``fit(config, reporter, resume_from)`` calls ``reporter(record)`` once per epoch with one
 :class:`EpochReport`; nothing else of a run crosses to the platform (it never reads icr's files).
 The debug mode passes a reporter that prints and stores; the Ray trainable one that forwards the
-record to ``ray.tune.report`` with the checkpoint. Both training loops (retrieval, grounding) keep
-this contract, and one conformance test holds the real ``fit`` and the platform's fake to it.
+record to ``ray.tune.report`` with the checkpoint. The one loop keeps it for every task (retrieval,
+grounding), and one conformance test holds the real ``fit`` and the platform's fake to it.
 """
 
 from __future__ import annotations

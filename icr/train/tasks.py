@@ -142,7 +142,3 @@ def check_fits(config: Any, data: Prepared) -> None:
     if fits is not None:
         fits(config, data)
 
-
-def artifacts_dir(run_dir: Path) -> Path:
-    """Where a run's analyses write files that go into the final checkpoint."""
-    return run_dir / "artifacts"

@@ -31,4 +31,4 @@ def reaching(framework: str, installed: str, tested: str, what: str) -> Iterator
         raise FrameworkChanged(
             f"{framework} {installed} is installed, but studies/frameworks/{framework}.py was "
             f"written for {framework} {tested} and {what} has changed; install "
-            f"{framework}=={tested} (as pyproject.toml pins it) or update that adapter") from exc
+            f"{framework}=={tested} (as constraints.txt locks it) or update that adapter") from exc

@@ -1,5 +1,5 @@
 """Optuna behaviour of one version that the platform works around (tested with Optuna 5.0.0, the
-version pyproject.toml pins).
+version constraints.txt locks).
 
 :class:`GridOnceSampler`: Optuna's ``GridSampler`` stops its study when the grid is exhausted
 (``study.stop()`` in its ``after_trial``), which Optuna allows only inside ``Study.optimize``;

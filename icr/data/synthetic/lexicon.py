@@ -127,9 +127,3 @@ def lexicon() -> dict[str, Entry]:
 def _words(kind: str, table: Mapping[str, list[str]]) -> dict[str, Entry]:
     return {w: (kind, value) for value, words in table.items() for w in words}
 
-
-def noun_forms() -> tuple[str, ...]:
-    """Every noun the grammar can write for an object (shapes, hypernyms, generic), sorted."""
-    pairs = [p for forms in SHAPE_NOUNS.values() for p in forms]
-    pairs += list(HYPERNYM_NOUNS.values()) + GENERIC_NOUNS
-    return tuple(sorted({w for pair in pairs for w in pair}))
