@@ -16,6 +16,7 @@ line, ``error: ...``, and exits with code 2 before anything is written.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import signal
 import sys
@@ -168,8 +169,6 @@ def _print_plan(plan: StudyPlan, calibrate: int | None, gpus: int | None) -> int
 def _warm_started(plan: StudyPlan, source: str, announce: bool) -> StudyPlan:
     """The plan with the earlier study's trials (``--warm-start``), read before anything is
     written; what each condition takes is said now (``--plan`` lists it with the plan)."""
-    import dataclasses
-
     from studies.warm_start import load_warm_start  # lazy: keeps MLflow off --help and --list
 
     plan = dataclasses.replace(plan, warm=load_warm_start(source, plan))

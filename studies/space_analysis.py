@@ -98,6 +98,7 @@ def observed_domains(values: Mapping[str, Sequence[Any]]) -> dict[str, Domain]:
 
 def distribution(domain: Domain) -> optuna.distributions.BaseDistribution:
     """A space-file domain as the Optuna distribution :func:`studies.space.suggest` samples."""
+    # lazy: keeps optuna off --list and --keys (the catalog imports this module)
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
     if domain.kind in ("choice", "grid"):
@@ -271,7 +272,7 @@ def _varying(trials: Sequence[SearchTrial], keys: Sequence[str]) -> list[str]:
 def _shares(trials: Sequence[SearchTrial], domains: Mapping[str, Domain], keys: Sequence[str],
             mode: str, evaluator: str, seeds: Sequence[int], *, conditional: bool
             ) -> Iterable[KeyImportance]:
-    from optuna.importance import (
+    from optuna.importance import (  # lazy: keeps optuna off --list and --keys (the catalog imports this module)
         FanovaImportanceEvaluator,
         PedAnovaImportanceEvaluator,
         get_param_importances,
@@ -295,9 +296,9 @@ class _quiet:
     warning that it is experimental; the verbosity the process had is put back."""
 
     def __enter__(self) -> None:
-        import warnings
+        import warnings  # lazy: beside optuna's import, which waits
 
-        import optuna
+        import optuna  # lazy: keeps optuna off --list and --keys (the catalog imports this module)
 
         self._verbosity = optuna.logging.get_verbosity()
         optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -306,7 +307,7 @@ class _quiet:
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
 
     def __exit__(self, *exc: Any) -> None:
-        import optuna
+        import optuna  # lazy: keeps optuna off --list and --keys (the catalog imports this module)
 
         self._catch.__exit__(*exc)
         optuna.logging.set_verbosity(self._verbosity)
@@ -318,7 +319,7 @@ def optuna_study(trials: Sequence[SearchTrial], domains: Mapping[str, Domain],
     """An in-memory Optuna study of ``trials`` (their ``keys`` only), each COMPLETE with its
     objective, or with ``values(trial)`` (one per direction); trial ``i`` carries its index in
     the user attribute ``index``."""
-    import optuna
+    import optuna  # lazy: keeps optuna off --list and --keys (the catalog imports this module)
 
     with _quiet():
         study = optuna.create_study(directions=list(directions))

@@ -59,7 +59,7 @@ def parallel_coordinates(trials: Sequence[SearchTrial], domains: Mapping[str, Do
     configuration does not use leaves a gap in its line."""
 
     def draw(runs: RunSet, ax: Any) -> bool:
-        import matplotlib
+        import matplotlib  # lazy: keeps matplotlib off the command line's start
 
         if not trials or not domains:
             return False

@@ -325,7 +325,7 @@ def check_database_driver(tracking_uri: str) -> None:
     if not scheme or scheme.split("+", 1)[0] in (*SERVED_SCHEMES, "sqlite", "file"):
         return
     from sqlalchemy.engine import make_url  # lazy: MLflow's dependency, needed only here
-    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError  # lazy: as make_url's
 
     shown = _without_password(tracking_uri)
     try:

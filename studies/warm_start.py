@@ -29,15 +29,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import optuna
+
 from icr.config import Scalar
 from icr.errors import UserError
-from studies.frameworks import mlflow as mlflow_adapter
+from icr.workspace import sqlite_file
+from studies.runs import load_runs
 from studies.space import Domain, grid_points
-from studies.space_analysis import COMPLETE, FAIL, contains, search_trials
+from studies.space_analysis import COMPLETE, FAIL, contains, distribution, search_trials
+from studies.tracking import Tracker, check_store
 
 if TYPE_CHECKING:
-    import optuna
-
     from studies.plan import StudyPlan
 
 SOURCE_TAG = "warm_start"  # the parent run's tag: where its observations came from
@@ -83,10 +85,6 @@ class WarmStart:
                ) -> list[optuna.trial.FrozenTrial]:
         """The condition's observations as Optuna trials of a study over ``domains`` (with the
         cost as a second value when ``multi``; Optuna keeps no intermediate values then)."""
-        import optuna
-
-        from studies.space_analysis import distribution
-
         out = []
         for o in self.observations.get(condition, ()):
             values = None
@@ -111,9 +109,6 @@ def load_warm_start(spec: str, plan: StudyPlan) -> WarmStart:
         UserError: one line, when there is no such study or finished run, its store is damaged,
             or it searched no key the new study searches.
     """
-    from studies.runs import load_runs
-    from studies.tracking import Tracker, check_store
-
     uri, keys = _source(spec, plan)
     check_store(uri)
     tracker = Tracker(uri, keys[0])
@@ -160,7 +155,7 @@ def _source(spec: str, plan: StudyPlan) -> tuple[str, list[str]]:
     keys = [spec]
     if plan.recipe_name != "embedded":
         keys.append(f"{spec}-{plan.recipe_name}")
-    db = mlflow_adapter.sqlite_file(plan.tracking_uri)
+    db = sqlite_file(plan.tracking_uri)
     if db is not None and not db.is_file():  # MLflow would create it: nothing is written here
         raise UserError(f"--warm-start {spec}: no study {' or '.join(keys)} in {plan.tracking_uri} "
                         "(it holds no study yet); give a study this workspace ran, or another "
