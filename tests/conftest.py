@@ -1,4 +1,5 @@
-"""Shared, session-scoped fixtures: one workspace with the tiny embedded benchmark."""
+"""Shared fixtures: one workspace with the tiny embedded benchmark (the session's), and a private
+Ray instance of 2 CPUs (each test module's that asks for ``cluster``)."""
 
 import os
 from pathlib import Path
@@ -23,3 +24,16 @@ def workspace(tmp_path_factory):
     from icr.workspace import Workspace
 
     return Workspace(tmp_path_factory.mktemp("workspace"))
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A private Ray instance on loopback with 2 CPUs, for the module's whole studies; stopped
+    by the processes it started when the module is done."""
+    from studies import connection
+    from studies.environment import set_quiet_environment
+
+    set_quiet_environment()
+    info = connection.connect(num_cpus=2, dashboard=False)
+    yield info
+    connection.disconnect(info)

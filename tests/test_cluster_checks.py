@@ -103,17 +103,6 @@ def test_the_driver_finds_the_trial_s_own_line_inside_ray_s_and_tune_s_wrappings
 # --- end to end, on a private Ray instance ------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    from studies import connection
-    from studies.environment import set_quiet_environment
-
-    set_quiet_environment()
-    info = connection.connect(num_cpus=2, dashboard=False)
-    yield info
-    connection.disconnect(info)
-
-
 def trial_runs(workspace: Path) -> list:
     client = MlflowClient(f"sqlite:///{workspace / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("fake")

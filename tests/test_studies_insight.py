@@ -21,17 +21,6 @@ from fakes import FakeFit, fake_prepare, fake_study
 pytestmark = pytest.mark.slow  # whole studies on Ray: make test-all and CI run them
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    from studies import connection
-    from studies.environment import set_quiet_environment
-
-    set_quiet_environment()
-    info = connection.connect(num_cpus=2, dashboard=False)
-    yield info
-    connection.disconnect(info)
-
-
 def parent_of(run_dir: Path) -> str:
     return json.loads((run_dir / "state.json").read_text())["parent_run_id"]
 

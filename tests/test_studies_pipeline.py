@@ -34,17 +34,6 @@ from fakes import FakeFit, counting_config_builds, fake_prepare, fake_study
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    from studies import connection
-    from studies.environment import set_quiet_environment
-
-    set_quiet_environment()
-    info = connection.connect(num_cpus=2, dashboard=False)
-    yield info
-    connection.disconnect(info)
-
-
 def child_runs(workspace: Path, experiment: str = "fake") -> pd.DataFrame:
     client = MlflowClient(f"sqlite:///{workspace / 'mlflow.db'}")
     exp = client.get_experiment_by_name(experiment)
