@@ -71,11 +71,13 @@ def main(argv: list[str] | None = None) -> None:
     plan = StudyPlan(**{**plan.__dict__, "conditions": (plan.condition(CONDITION),)})
     run_dir = plan.state_root / f"search-efficiency-{time.strftime('%Y%m%d-%H%M%S')}"
     with DriverLock(plan.workspace.root, plan.key):
-        fingerprints = prepare_data(plan, Backend(), print)
+        prepared = prepare_data(plan, Backend(), print)
+        fingerprints = {name: data.fingerprint for name, data in prepared.items()}
         cluster = connection.connect(dashboard=False)
         try:
             resources = cluster.trial_resources()
             session = open_session(plan, run_dir, cluster, resources, fingerprints, Backend(), 0)
+            session.data = {name: str(data.root) for name, data in prepared.items() if data.root}
             start = time.perf_counter()
             searched = search(session, CONDITION)
             search_s = time.perf_counter() - start

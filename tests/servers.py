@@ -58,14 +58,30 @@ def serving(command: list[str], log: Path, ready: Callable[[], bool], **popen) -
 
 
 def stop_group(server: subprocess.Popen, grace: float = 20.0) -> None:
-    """SIGTERM to the process group ``server`` leads, SIGKILL to what is left after ``grace``."""
+    """SIGTERM to the process group ``server`` leads (a server passes it on to its workers),
+    SIGKILL to what is left of the group after ``grace`` seconds; returns once no process of
+    the group is left."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(server.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
     with contextlib.suppress(subprocess.TimeoutExpired):
         server.wait(timeout=grace)
+    while time.monotonic() < deadline and _group_alive(server.pid):
+        time.sleep(0.1)  # polls the group's workers, not a timing
     with contextlib.suppress(ProcessLookupError):
         os.killpg(server.pid, signal.SIGKILL)
     server.wait()
+    gone = time.monotonic() + grace
+    while _group_alive(server.pid) and time.monotonic() < gone:  # SIGKILLed, not yet gone
+        time.sleep(0.1)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def _answers(url: str) -> bool:
