@@ -248,7 +248,8 @@ def test_a_study_reads_its_features_from_a_bucket(s3, published: Path, tmp_path:
     """SCAN's coco_precomp layout uploaded to the bucket; ``--plan`` and ``--debug`` of
     ``ltd_bound`` with ``data.precomp_dir=s3://bucket/prefix`` (the server in
     ``AWS_ENDPOINT_URL``): copied once into the workspace's cache, then found current; a
-    missing bucket or prefix is one line and exit code 2."""
+    missing bucket or prefix, an endpoint that does not answer and missing credentials are
+    each one line and exit code 2."""
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3.endpoint)
     prefix = f"data-{tmp_path.name}/coco_precomp"
     for path in sorted(published.iterdir()):
@@ -270,8 +271,14 @@ def test_a_study_reads_its_features_from_a_bucket(s3, published: Path, tmp_path:
     assert f"data: {uri}: the copy in {copy} is current" in out and "epoch 1/1" in out
 
     for wrong, fix in ((f"s3://nobucket-{tmp_path.name}/coco_precomp", "does not exist"),
-                       (f"s3://{s3.bucket}/absent-{tmp_path.name}", "no such folder")):
-        assert main(["ltd_bound", "--plan", "--workspace", str(workspace), "--set",
+                       (f"s3://{s3.bucket}/absent-{tmp_path.name}", "no such folder"),
+                       (f"{uri}?endpoint_override=127.0.0.1:1&scheme=http",
+                        "the object store does not answer"),
+                       (uri, "access refused")):  # last: without credentials (moto: a HEAD refused)
+        if fix == "access refused":
+            monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+            monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+        assert main(["ltd_bound", "--plan", "--workspace", str(tmp_path / "other"), "--set",
                      "data.dataset=precomp", f"data.precomp_dir={wrong}"]) == 2
         err = capsys.readouterr().err
         assert err.startswith(f"error: {wrong}: ") and fix in err and err.count("\n") == 1, err

@@ -46,8 +46,9 @@ from icr.errors import DataError
 logger = logging.getLogger(__name__)
 
 SUMS = "SHA256SUMS"  # published beside the data: `sha256sum * > SHA256SUMS`, checked when present
-CHUNK = 16 << 20  # bytes a ranged read asks for; several are in flight at once (object stores)
-READERS = 8  # ranged reads in flight per file
+CHUNK = 8 << 20  # bytes a ranged read asks for; several are in flight at once (object stores)
+READERS = 4  # ranged reads in flight per file
+ATTEMPTS = 3  # tries of one ranged read: a busy server lets one time out now and then
 SECRETS = ("access_key", "secret_key", "session_token")  # query parameters never printed
 
 
@@ -233,7 +234,8 @@ def _copy_file(fs: pyarrow.fs.FileSystem, info: pyarrow.fs.FileInfo, dest: Path,
                 ThreadPoolExecutor(READERS) as pool:
             pending: deque = deque()
             for offset in range(0, info.size, CHUNK):
-                pending.append(pool.submit(source.read_at, min(CHUNK, info.size - offset), offset))
+                pending.append(pool.submit(_read_at, source, min(CHUNK, info.size - offset),
+                                           offset))
                 while len(pending) > 2 * READERS or (pending and offset + CHUNK >= info.size):
                     block = pending.popleft().result()
                     sha.update(block)
@@ -264,6 +266,19 @@ def _copy_file(fs: pyarrow.fs.FileSystem, info: pyarrow.fs.FileInfo, dest: Path,
     os.replace(partial, dest)
     return {"size": info.size, "mtime_ns": info.mtime_ns, "sha256": sha.hexdigest(),
             "local_mtime_ns": dest.stat().st_mtime_ns}
+
+
+def _read_at(source: pyarrow.NativeFile, size: int, offset: int) -> bytes:
+    """``size`` bytes at ``offset``, the read tried again when the store times out (a busy
+    S3-compatible server drops a slow request after its client's few seconds)."""
+    for attempt in range(ATTEMPTS):
+        try:
+            return source.read_at(size, offset)
+        except OSError as exc:
+            if attempt == ATTEMPTS - 1 or "NETWORK_CONNECTION" not in str(exc):
+                raise
+            logger.info("a read of %d bytes timed out; trying again (%s)", size, _first_line(exc))
+    raise AssertionError("unreachable")
 
 
 def _remove_unlisted(folder: Path, record: dict, listed: dict) -> None:
