@@ -49,6 +49,7 @@ def _field(
     high: float | None = None,
     path: tuple[str, ...] | None = None,
     form: tuple[str, str] | None = None,
+    remote: bool = False,
 ) -> Any:
     """A config field: its default, help line and domain.
 
@@ -57,11 +58,12 @@ def _field(
     of them ('' = none). ``low`` and ``high`` bound a number; a number's domain never reaches
     past what its tensor's dtype holds (``_HOLDS``), bounds given or not. ``path`` marks a local file or folder: the value must exist unless it is
     '' or one of the names listed (e.g. a bundled model), which :func:`check_paths` verifies on
-    the driver before anything starts. ``form`` (a regular expression the whole value must
-    match, and how to say it) constrains a structured string.
+    the driver before anything starts; with ``remote`` it may also be a URI (``s3://...``), a
+    folder that each node copies into its cache (:mod:`icr.data.remote`). ``form`` (a regular
+    expression the whole value must match, and how to say it) constrains a structured string.
     """
     meta = {"help": help, "choices": choices, "registry": registry, "many": many, "low": low,
-            "high": high, "path": path, "form": form}
+            "high": high, "path": path, "form": form, "remote": remote}
     return dataclasses.field(default=default, metadata=meta)
 
 
@@ -108,8 +110,9 @@ class DataConfig:
     root: str = _field("", "dataset folder; '' = <workspace>/data/shapes-<preset>-<seed>")
     karpathy_json: str = _field("", "Karpathy split JSON (dataset=karpathy)", path=())
     image_root: str = _field("", "image folder of the Karpathy JSON (dataset=karpathy)", path=())
-    precomp_dir: str = _field("", "SCAN/BUTD folder with {split}_ims.npy ('' = the benchmark's own)",
-                              path=())
+    precomp_dir: str = _field("", "SCAN/BUTD folder with {split}_ims.npy ('' = the benchmark's "
+                              "own), or its URI (s3://BUCKET/PREFIX), copied once per node",
+                              path=(), remote=True)
     splits: str = _field(
         "auto", "precomp file splits per role: auto (train; dev, else val; testall, else test) or "
         "role=name pairs, e.g. val=dev,test=test", form=SPLITS_FORM)
@@ -349,6 +352,7 @@ class KeySpec:
     high: float | None
     path: tuple[str, ...] | None  # a local file or folder, unless '' or one of these names
     form: tuple[str, str] | None = None  # (regular expression, how to say it) of a string
+    remote: bool = False  # a path that may also be a URI, copied into each node's cache
 
     @property
     def choices(self) -> tuple[Scalar, ...] | None:
@@ -401,7 +405,7 @@ def key_specs(cls: type = ExperimentConfig) -> dict[str, KeySpec]:
                 high = most if high is None else min(high, most)
             specs[key] = KeySpec(
                 key, kind, f.default, meta["help"], meta["choices"], meta["registry"],
-                meta["many"], low, high, meta["path"], meta["form"],
+                meta["many"], low, high, meta["path"], meta["form"], meta["remote"],
             )
     return specs
 
@@ -541,12 +545,27 @@ def used_values(config: ExperimentConfig, prefixes: tuple[str, ...]) -> dict[str
     return {key: flat[key] for key in used_keys(config) if key.startswith(prefixes)}
 
 
+def is_uri(value: object) -> bool:
+    """``value`` names a location by URI (``s3://bucket/prefix``, ``file:///data``), not a path."""
+    return "://" in str(value)
+
+
 def local_paths(config: ExperimentConfig) -> dict[str, Path]:
     """The local files and folders the configuration uses: key -> path (a key left '' or
-    naming a bundled asset is none)."""
+    naming a bundled asset is none, and so is a URI where the key takes one:
+    :func:`remote_paths`)."""
     flat = to_flat(config)
     return {key: Path(str(flat[key])).expanduser() for key in used_keys(config)
-            if _SPECS[key].path is not None and flat[key] != "" and flat[key] not in _SPECS[key].path}
+            if _SPECS[key].path is not None and flat[key] != "" and flat[key] not in _SPECS[key].path
+            and key not in remote_paths(config)}
+
+
+def remote_paths(config: ExperimentConfig) -> dict[str, str]:
+    """The URIs the configuration uses where a key takes one (``data.precomp_dir=s3://...``):
+    key -> URI, each a folder every node copies into its cache (:mod:`icr.data.remote`)."""
+    flat = to_flat(config)
+    return {key: str(flat[key]) for key in used_keys(config)
+            if _SPECS[key].remote and is_uri(flat[key])}
 
 
 def check_paths(config: ExperimentConfig) -> None:

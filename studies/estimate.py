@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from icr.config import ExperimentConfig, from_flat, key_specs, to_flat, used_keys
+from icr.config import ExperimentConfig, from_flat, is_uri, key_specs, to_flat, used_keys
 from icr.data.datasets import training_size
 from icr.data.sampler import steps_per_epoch
 from icr.train.loop import configure_backends, resolve_device
@@ -71,7 +71,8 @@ def asha_expected_epochs(max_t: int, grace_period: int, reduction_factor: float)
 
 @dataclass(frozen=True)
 class Need:
-    """A local file or folder the configuration names."""
+    """A local file or folder the configuration names (or a folder's URI, copied to this
+    node by the data check: :mod:`icr.data.remote`)."""
 
     key: str
     path: str
@@ -125,7 +126,7 @@ def needs(config: ExperimentConfig) -> tuple[Need, ...]:
         spec, value = specs[key], flat[key]
         if spec.path is None or value == "" or value in spec.path:
             continue
-        out.append(Need(key, str(value), Path(str(value)).expanduser().exists()))
+        out.append(Need(key, str(value), is_uri(value) or Path(str(value)).expanduser().exists()))
     return tuple(out)
 
 
@@ -262,8 +263,11 @@ def describe(plan: StudyPlan, costs: list[ConditionCost], gpus: int | None = Non
         for need in cost.needs:
             checked = (" and checked" if need.present and cost.data is not None
                        and need.key.startswith("data.") else "")
+            present = "present"
+            if is_uri(need.path):  # its copy's line (data:) says where it is
+                present = "copied to this node" if checked else "a URI, not copied yet"
             yield (f"  needs {need.key}={need.path}: "
-                   f"{'present' + checked if need.present else 'MISSING'}")
+                   f"{present + checked if need.present else 'MISSING'}")
         if cost.data is not None and cost.data != shown:
             yield from (f"  {line}" for line in cost.data)
             shown = cost.data

@@ -28,6 +28,7 @@ from icr.config import (
     Scalar,
     check_paths,
     from_flat,
+    is_uri,
     key_specs,
     parse_value,
     to_flat,
@@ -262,8 +263,10 @@ def _absent(config: ExperimentConfig, key: str) -> bool:
 
 
 def _local(value: Any) -> bool:
-    """``value`` names an existing local file or folder (not a bundled asset's name)."""
-    return bool(value) and Path(str(value)).expanduser().exists()
+    """``value`` names an existing local file or folder (not a bundled asset's name), or a URI
+    (where a key takes one, :func:`icr.config.check_paths` allowed it; copied by the data
+    check)."""
+    return bool(value) and (is_uri(value) or Path(str(value)).expanduser().exists())
 
 
 def _analyses(study: Study, recipe: Recipe | None) -> tuple[str, ...]:

@@ -43,7 +43,9 @@ import torch
 from ray import tune
 
 import icr.train
-from icr.config import ExperimentConfig, local_paths
+from icr.config import ExperimentConfig, local_paths, remote_paths
+from icr.data.remote import fetch
+from icr.errors import UserError
 from icr.train.seam import EpochReport
 from icr.workspace import Workspace
 from studies import storage
@@ -132,15 +134,21 @@ def check_readable(job: TrialJob, config: ExperimentConfig, condition: str) -> N
     """Raise :class:`NodeCannotRead` unless this node reads the study's Tune storage (the
     marker Tune's driver wrote into the experiment's folder, :func:`storage_marker`) and the
     trial's data: its condition's data folder as the driver prepared it, and every local file
-    or folder its configuration names (:func:`icr.config.local_paths`). Checked before the
-    trial looks for a checkpoint to resume from: one that cannot see the storage would start
-    over."""
+    or folder its configuration names (:func:`icr.config.local_paths`); a folder given by URI
+    (``data.precomp_dir=s3://...``) is first copied into this node's cache, once per node
+    (:func:`icr.data.remote.fetch`). Checked before the trial looks for a checkpoint to resume
+    from: one that cannot see the storage would start over."""
     problem = storage_problem(job.experiment)
     if problem:
         raise NodeCannotRead(
             f"{node_name()} cannot read the study's Tune storage {job.experiment} ({problem}); "
             "give every node the same storage: --storage s3://BUCKET/PATH, or a shared file "
             "system mounted at the same path on every node (docs/clusters.md)")
+    for key, uri in remote_paths(config).items():
+        try:
+            fetch(uri, Workspace.resolve(job.workspace).cache)
+        except UserError as exc:
+            raise NodeCannotRead(f"{node_name()} cannot copy {key}: {exc}") from None
     paths = {"the prepared data folder": job.data.get(condition, ""),
              **{key: str(path) for key, path in local_paths(config).items()}}
     for what, path in paths.items():

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from icr.config import DataConfig
+from icr.config import DataConfig, is_uri
 from icr.context import Capability, ImageFiles, Scenes
-from icr.data import karpathy, precomp
+from icr.data import karpathy, precomp, remote
 from icr.data.types import CaptionedImages
 from icr.errors import ConfigError
 from icr.registry import Registry
@@ -144,6 +144,16 @@ def shapes(*, preset: str, seed: int, root: str, workspace: Workspace) -> Datase
     )
 
 
+def regions_folder(precomp_dir: str, workspace: Workspace) -> tuple[Path, tuple[str, ...]]:
+    """The folder ``data.precomp_dir`` names, a URI's local copy on this node brought up to
+    date (:mod:`icr.data.remote`), and the line that says where it came from (none for a
+    local folder)."""
+    if not is_uri(precomp_dir):
+        return Path(precomp_dir), ()
+    copy = remote.fetch(precomp_dir, workspace.cache)
+    return copy.folder, (copy.describe(),)
+
+
 def _karpathy_json_size(data: DataConfig, workspace: Workspace) -> tuple[int, int] | None:
     path = Path(data.karpathy_json)
     return _karpathy_size(path) if data.karpathy_json and path.is_file() else None
@@ -168,7 +178,10 @@ def karpathy_json(
     notes = [f"data: {path.name}: {sizes} (restval in train)"]
     protocols, fold_size, note = reporting_protocols(loaded, "test", coco_like(loaded))
     notes.append(note)
-    regions = Path(precomp_dir) if precomp_dir else None
+    regions = None
+    if precomp_dir:
+        regions, copied = regions_folder(precomp_dir, workspace)
+        notes.extend(copied)
     region_splits = {s: s for s in SPLITS}
     if regions is not None and features == "regions":
         region_splits = precomp.choose_splits(regions, splits)
@@ -185,8 +198,10 @@ def _precomp_size(data: DataConfig, workspace: Workspace) -> tuple[int, int] | N
     """Counted from ``train_caps.txt`` (or the file ``data.splits`` names): SCAN's precomputed
     folders hold 5 captions an image."""
     train = precomp.parse_splits(data.splits).get("train", "train")
-    caps = Path(data.precomp_dir) / f"{train}_caps.txt"
-    if not data.precomp_dir or not caps.is_file():
+    if not data.precomp_dir:
+        return None
+    caps = regions_folder(data.precomp_dir, workspace)[0] / f"{train}_caps.txt"
+    if not caps.is_file():
         return None
     with caps.open(encoding="utf-8") as f:
         captions = sum(1 for line in f if line.strip())
@@ -202,14 +217,14 @@ def precomp_folder(*, precomp_dir: str, splits: str, entities_dir: str, workspac
     ``data.entities_dir`` names one."""
     if not precomp_dir:
         raise ConfigError("data.dataset=precomp needs data.precomp_dir=<SCAN/BUTD folder>")
-    folder = Path(precomp_dir)
+    folder, copied = regions_folder(precomp_dir, workspace)
     if not folder.is_dir():
         raise ConfigError(f"data.precomp_dir={precomp_dir} is not a folder; give the SCAN/BUTD folder")
     files = precomp.choose_splits(folder, splits)
     loaded = {role: replace(precomp.load_precomp(folder, files[role]).images, split=role)
               for role in SPLITS}
     how = "named by data.splits" if splits != "auto" else "chosen from the files"
-    notes = [f"data: {folder}: " + ", ".join(
+    notes = [*copied, f"data: {folder}: " + ", ".join(
         f"{role} from {files[role]}_* ({loaded[role].num_images:,} images)" for role in SPLITS)
         + f" ({how})"]
     protocols, fold_size, note = reporting_protocols(loaded, files["test"], coco_like(loaded))

@@ -19,7 +19,7 @@ import torch
 from PIL import Image
 
 from icr.config import ExperimentConfig
-from icr.data import precomp
+from icr.data import precomp, remote
 from icr.data.captions import CaptionInput, CaptionTable, load_table, save_table
 from icr.data.datasets import SPLITS, DatasetSource
 from icr.data.images import PixelNorm, SplitImages
@@ -95,7 +95,8 @@ def image_inputs(
     """What the image encoder reads: decoded pixels, or precomputed region features."""
     if config.data.features == "pixels":
         return cached_images(split, config.data.image_size, cache)
-    folder = Path(config.data.precomp_dir) if config.data.precomp_dir else source.regions_dir
+    folder = (remote.local_folder(config.data.precomp_dir, cache) if config.data.precomp_dir
+              else source.regions_dir)
     if folder is None:
         raise ConfigError("data.features=regions needs data.precomp_dir=<SCAN/BUTD folder>")
     files = (source.region_splits if folder == source.regions_dir
