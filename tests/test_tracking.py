@@ -287,6 +287,27 @@ def test_an_epoch_with_a_checkpoint_is_recorded_once_tune_saved_the_checkpoint(t
                                              "artifacts": [], "final": False}
 
 
+def test_an_epoch_s_analyses_are_stored_in_its_run_s_artifacts(tracker, tmp_path):
+    """The files an epoch names (``artifacts``: its analyses) are copied from its checkpoint
+    into the run's artifacts, each in its folder, where the UI serves the workspace's from."""
+    from ray import tune
+
+    from studies.frameworks.tune import CHECKPOINT_DIR
+
+    parent = tracker.create_run("study", {"icr.role": "study"})
+    callback = MlflowTrialCallback(tracker, parent, {"study": "t"}, {"lag": "fp"}, {"lag": 3})
+    folder = tmp_path / "checkpoint_000001"
+    (folder / "analysis").mkdir(parents=True)
+    (folder / "analysis" / "cocos.json").write_text("{}")
+    (folder / "probe.csv").write_text("a\n")
+    result = {"epoch": 1, "val_rsum": 101.0, CHECKPOINT_DIR: "checkpoint_000001",
+              "trajectory": [], "artifacts": ["analysis/cocos.json", "probe.csv"], "final": False}
+    trial = SimpleNamespace(trial_id="t0", config=_trial_config(0.1), last_result=result)
+    callback.on_checkpoint(0, [trial], trial, tune.Checkpoint.from_directory(str(folder)))
+    assert served_artifacts(tracker.client, callback.run_id(trial), tmp_path / "artifacts") == {
+        "analysis/cocos.json", "probe.csv"}
+
+
 def test_a_mark_without_the_sizes_of_its_files_is_no_mark(tmp_path):
     """A checkpoint counts as marked only with the sizes of its files in its mark: one whose
     mark lacks them is not resumed from."""
