@@ -37,10 +37,10 @@ def tag_value_limit() -> int:
 
 
 def served_location(experiment: str) -> str:
-    """The artifact location of an experiment whose artifacts an artifact store serves from
-    its folder named after the experiment (a character other than a letter, digit, ``.``,
-    ``_`` or ``-`` written ``_``: one plain folder, which the server reads as written; two
-    experiments of one folder are apart in their runs' folders)."""
+    """The served artifact location of an experiment: the destination's folder named after
+    it. Characters other than letters, digits, ``.``, ``_`` and ``-`` become ``_``, so the
+    name is one plain folder (the server reads the URI's path as written); two experiments
+    that share a folder still keep their runs apart, each in its run id's folder."""
     folder = re.sub(r"[^A-Za-z0-9._-]", "_", experiment).strip(".") or "_"
     return f"{SERVED_SCHEME}:/{folder}"
 
