@@ -51,7 +51,7 @@ lint: install
 	$(BIN)/ruff check icr studies tests benchmarks
 
 mlflow-ui: install
-	$(BIN)/mlflow ui --backend-store-uri sqlite:///$${ICR_WORKSPACE:-workspace}/mlflow.db --host 127.0.0.1 --port 5000
+	$(BIN)/mlflow ui --backend-store-uri sqlite:///$${ICR_WORKSPACE:-workspace}/mlflow.db --artifacts-destination $${ICR_WORKSPACE:-workspace}/mlartifacts --host 127.0.0.1 --port 5000
 
 clean:
 	rm -rf workspace reports .pytest_cache

@@ -111,8 +111,9 @@ def main(argv: list[str] | None = None) -> int:
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([str(mlflow), "ui", "--backend-store-uri", store, "--host",
-                               "127.0.0.1", "--port", str(port), "--workers", "1"],
+    server = subprocess.Popen([str(mlflow), "ui", "--backend-store-uri", store,
+                               "--artifacts-destination", str(workspace / "mlartifacts"),
+                               "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
                               cwd=workspace, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               start_new_session=True)
     failures = []

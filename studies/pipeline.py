@@ -198,13 +198,15 @@ def mlflow_hint(plan: StudyPlan, experiment_id: str = "") -> str:
     """Where to watch the study. MLflow 3.17's UI follows its GenAI / Model training toggle
     (default GenAI, remembered by the browser) over the experiment's kind tag, so the link opens
     the experiment's runs with ``workflowType=machine_learning`` (checked in headless Chromium:
-    ``benchmarks/mlflow_ui_check.py``)."""
+    ``benchmarks/mlflow_ui_check.py``). The artifacts of the workspace's store are served from
+    the workspace (:mod:`studies.tracking`)."""
     uri = plan.tracking_uri
     page = f"#/experiments/{experiment_id}/runs?workflowType=machine_learning" if experiment_id else ""
     if uri.startswith("http"):
         return f"MLflow UI: {uri.rstrip('/')}/{page} (experiment {plan.key})"
-    return (f"MLflow UI: `.venv/bin/mlflow ui --backend-store-uri {uri} --host 127.0.0.1 "
-            f"--port 5000`, then http://127.0.0.1:5000/{page} (experiment {plan.key})")
+    return (f"MLflow UI: `.venv/bin/mlflow ui --backend-store-uri {uri} --artifacts-destination "
+            f"{plan.workspace.mlartifacts} --host 127.0.0.1 --port 5000`, then "
+            f"http://127.0.0.1:5000/{page} (experiment {plan.key})")
 
 
 def open_tracker(plan: StudyPlan) -> Tracker:

@@ -250,7 +250,7 @@ def build_report(study: Study, tracker: Tracker, out: Path, parent_id: str | Non
         tracker.set_tags(front_run, {FRONT_TAG: "true"})
     tracker.set_tags(run_id, {DESCRIPTION_TAG: fit_description(description, tables)})
     tracker.log_metrics(run_id, summary, step=0)
-    tracker.client.log_artifacts(run_id, str(out), artifact_path="report")
+    tracker.log_artifacts(run_id, out, "report")
     return out
 
 

@@ -29,10 +29,16 @@ The experiment carries MLflow's experiment-kind tag (``mlflow.experimentKind`` =
 opens it on its runs, not on the GenAI traces page. Against a tracking server (``http``,
 ``https``) its artifacts go to the server's artifact store (the experiment is created without a
 location of its own), so a lab's UI on another machine shows the reports, figures and analyses.
-With a local store they live in the workspace (``<workspace>/mlartifacts/<experiment>``);
-MLflow records them by absolute path, so a store opened from a moved or copied workspace has its
-locations pointed at that workspace (:func:`studies.frameworks.mlflow.relocate_artifacts`). A
-database URI's driver is checked before anything starts (:func:`check_database_driver`).
+With the workspace's own sqlite store they live in the workspace
+(``<workspace>/mlartifacts/<experiment>/<run id>/artifacts``), recorded as
+``mlflow-artifacts:/<experiment>``: a location relative to the artifact store that serves it,
+not the workspace's absolute path, so a moved or copied workspace keeps showing its artifacts
+(``mlflow ui --backend-store-uri sqlite:///<workspace>/mlflow.db --artifacts-destination
+<workspace>/mlartifacts``) and a study resumed there writes into it, never into the original's
+folder (:mod:`studies.frameworks.mlflow` writes them, as MLflow's client does so only through a
+server). Any other store (a sqlite file outside the workspace, a database) records the absolute
+path of ``<workspace>/mlartifacts/<experiment>``. A database URI's driver is checked before
+anything starts (:func:`check_database_driver`).
 
 An epoch's record (its metrics and trajectory rows together) is written through MLflow's
 public ``log_batch`` by one thread (:class:`RecordQueue`), off Tune's loop.
@@ -46,6 +52,7 @@ import sqlite3
 import threading
 import time
 import urllib.parse
+import urllib.request
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -171,6 +178,7 @@ class Tracker:
         self._client: MlflowClient | None = None
         self._experiment_id: str | None = None
         self._records: RecordQueue | None = None
+        self._artifact_uris: dict[str, str] = {}  # run id -> its artifact URI
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_client": None, "_records": None}
@@ -183,24 +191,56 @@ class Tracker:
 
     @property
     def experiment_id(self) -> str:
-        """The study's experiment: created with its kind and its artifacts in the workspace;
-        found again (after a move of the workspace, its artifact locations pointed here)."""
+        """The study's experiment: found by its name (its artifact location checked:
+        :meth:`_check_location`), else created with its kind and its artifact location
+        (:meth:`_new_location`)."""
         if self._experiment_id is None:
             found = self.client.get_experiment_by_name(self.experiment)
             if found is None:
-                location = None  # a server's: its artifact store, served to every machine
-                if self.artifact_root is not None and not serves_artifacts(self.tracking_uri):
-                    location = (self.artifact_root / self.experiment).as_uri()
                 self._experiment_id = self.client.create_experiment(
-                    self.experiment, artifact_location=location,
+                    self.experiment, artifact_location=self._new_location(),
                     tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
-                return self._experiment_id
-            self._experiment_id = found.experiment_id
-            if self._own_store():
-                for experiment_id, new, old in mlflow_adapter.relocate_artifacts(
-                        self.store_file, self.artifact_root):
-                    log.info("artifacts of experiment %s: %s (was %s)", experiment_id, new, old)
+            else:
+                self._check_location(found.artifact_location)
+                self._experiment_id = found.experiment_id
         return self._experiment_id
+
+    def _new_location(self) -> str | None:
+        """A server's experiment has none of its own (its artifact store, served to every
+        machine); the workspace's own store's is served from the workspace's artifact root
+        whatever the workspace's path (:func:`studies.frameworks.mlflow.served_location`);
+        another store's is the artifact root's folder of the experiment."""
+        if self.artifact_root is None or serves_artifacts(self.tracking_uri):
+            return None
+        if self._own_store():
+            return mlflow_adapter.served_location(self.experiment)
+        return (self.artifact_root / self.experiment).as_uri()
+
+    def _check_location(self, location: str) -> None:
+        """An experiment found in a local store keeps its artifacts where this tracker writes
+        them, else one line: a served location read from a store that is not this workspace's
+        own, or (an experiment created before locations were served) an absolute path outside
+        this workspace's artifact root, which MLflow would write to (the original's folder of
+        a moved or copied workspace)."""
+        if serves_artifacts(self.tracking_uri) or self.artifact_root is None:
+            return
+        if mlflow_adapter.is_served(location):
+            if not self._own_store():
+                raise UserError(
+                    f"the experiment {self.experiment!r} of {self.tracking_uri} keeps its artifacts "
+                    f"in the workspace that holds that store, not in {self.artifact_root.parent}; "
+                    "run the command with --workspace set to the store's folder")
+            return
+        if not self._own_store() or not location.startswith("file:"):
+            return
+        path = Path(urllib.request.url2pathname(urllib.parse.urlparse(location).path))
+        if not path.resolve().is_relative_to(self.artifact_root.resolve()):
+            raise UserError(
+                f"the experiment {self.experiment!r} of {self.store_file} keeps its artifacts at "
+                f"{path}, outside this workspace (it was created there before this workspace was "
+                "moved or copied, by a version of the platform that recorded absolute paths); "
+                f"run the study in the workspace at {path.parent.parent}, or start it afresh in "
+                "a new workspace")
 
     def _own_store(self) -> bool:
         """The store is the sqlite file of the workspace that holds the artifact root (a store
@@ -208,6 +248,20 @@ class Tracker:
         if self.artifact_root is None or self.store_file is None:
             return False
         return self.store_file.resolve().parent == self.artifact_root.resolve().parent
+
+    def log_artifacts(self, run_id: str, local: Path, artifact_path: str = "") -> None:
+        """Store a file (into ``artifact_path``) or a folder's files (under it) in the run's
+        artifacts: through the client, or, for a run of a served location on a local store
+        (which MLflow's client writes only through a server), into this workspace's artifact
+        root where ``mlflow ui --artifacts-destination`` serves them."""
+        uri = self._artifact_uris.get(run_id) or self.client.get_run(run_id).info.artifact_uri
+        self._artifact_uris[run_id] = uri
+        if mlflow_adapter.is_served(uri) and not serves_artifacts(self.tracking_uri):
+            mlflow_adapter.write_served_artifacts(uri, self.artifact_root, local, artifact_path)
+        elif local.is_dir():
+            self.client.log_artifacts(run_id, str(local), artifact_path=artifact_path or None)
+        else:
+            self.client.log_artifact(run_id, str(local), artifact_path=artifact_path or None)
 
     def create_run(self, name: str, tags: Mapping[str, str], params: Mapping[str, Any] = ()) -> str:
         run = self.client.create_run(self.experiment_id, run_name=name, tags=dict(tags))
@@ -532,8 +586,7 @@ class MlflowTrialCallback(Callback):
             for name in files:
                 path = Path(directory) / name
                 if path.is_file():
-                    folder = str(Path(name).parent)
-                    self.tracker.client.log_artifact(run_id, str(path), artifact_path=folder)
+                    self.tracker.log_artifacts(run_id, path, str(Path(name).parent))
 
     def on_experiment_end(self, trials: list, **info: Any) -> None:
         self.tracker.flush()  # the records still queued, before the report reads them

@@ -243,3 +243,15 @@ def loopback_server(backend_store_uri: str, folder: Path, workers: int = 1,
         yield url
     finally:
         stop_group(server)
+
+
+def served_artifacts(client, run_id: str, destination: Path) -> set[str]:
+    """The artifact paths of a run of a local store whose artifacts ``mlflow server
+    --artifacts-destination destination`` serves (``mlflow-artifacts:/...``, which MLflow's
+    client reads only through a server): the files under the run URI's path in the destination,
+    where ``test_a_moved_workspace_s_artifacts_are_served_from_it`` fetches them through one."""
+    uri = client.get_run(run_id).info.artifact_uri
+    assert uri.startswith("mlflow-artifacts:/"), uri
+    root = destination / uri.removeprefix("mlflow-artifacts:/")
+    return {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
+

@@ -30,6 +30,7 @@ from studies.run import main
 from studies.trials import spec_of
 
 from fakes import FakeFit, counting_config_builds, fake_prepare, fake_study
+from servers import served_artifacts
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -126,7 +127,7 @@ def test_fake_study_end_to_end(cluster, tmp_path: Path, capsys) -> None:
                    "best_val_rsum_vs_eta.png"):
         assert (report / figure).stat().st_size > 1000
     client = MlflowClient(f"sqlite:///{workspace / 'mlflow.db'}")
-    artifacts = {a.path for a in client.list_artifacts(state["parent_run_id"], "report")}
+    artifacts = served_artifacts(client, state["parent_run_id"], workspace / "mlartifacts")
     assert "report/table1.md" in artifacts and "report/lambda_per_eta.png" in artifacts
     parent = client.get_run(state["parent_run_id"])
     assert parent.info.status == "FINISHED"

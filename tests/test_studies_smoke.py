@@ -12,6 +12,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from servers import served_artifacts
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -81,7 +83,7 @@ def test_a_smoke_study_s_parent_run_holds_what_its_search_learned(tmp_path: Path
     # one searched key: its share of the explained variance is all of it
     assert parent.data.metrics["importance.lagrangian.objective.eta"] == pytest.approx(1.0)
     assert "importance_spread.lagrangian.objective.eta" in parent.data.metrics
-    artifacts = {a.path for a in client.list_artifacts(parent_id, "report")}
+    artifacts = served_artifacts(client, parent_id, tmp_path / "mlartifacts")
     assert {"report/importance_lagrangian.png", "report/parallel_lagrangian.png",
             "report/search_space.md"} <= artifacts
     assert parent.data.tags["domains.lagrangian"] == '{"objective.eta": {"uniform": [0.05, 0.3]}}'

@@ -35,7 +35,7 @@ from studies.tracking import (
 )
 from studies.trials import KEY, TrialSpec, run_name, trial_label
 
-from servers import loopback_server
+from servers import loopback_server, served_artifacts
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -287,6 +287,27 @@ def test_an_epoch_with_a_checkpoint_is_recorded_once_tune_saved_the_checkpoint(t
                                              "artifacts": [], "final": False}
 
 
+def test_an_epoch_s_analyses_are_stored_in_its_run_s_artifacts(tracker, tmp_path):
+    """The files an epoch names (``artifacts``: its analyses) are copied from its checkpoint
+    into the run's artifacts, each in its folder, where the UI serves the workspace's from."""
+    from ray import tune
+
+    from studies.frameworks.tune import CHECKPOINT_DIR
+
+    parent = tracker.create_run("study", {"icr.role": "study"})
+    callback = MlflowTrialCallback(tracker, parent, {"study": "t"}, {"lag": "fp"}, {"lag": 3})
+    folder = tmp_path / "checkpoint_000001"
+    (folder / "analysis").mkdir(parents=True)
+    (folder / "analysis" / "cocos.json").write_text("{}")
+    (folder / "probe.csv").write_text("a\n")
+    result = {"epoch": 1, "val_rsum": 101.0, CHECKPOINT_DIR: "checkpoint_000001",
+              "trajectory": [], "artifacts": ["analysis/cocos.json", "probe.csv"], "final": False}
+    trial = SimpleNamespace(trial_id="t0", config=_trial_config(0.1), last_result=result)
+    callback.on_checkpoint(0, [trial], trial, tune.Checkpoint.from_directory(str(folder)))
+    assert served_artifacts(tracker.client, callback.run_id(trial), tmp_path / "artifacts") == {
+        "analysis/cocos.json", "probe.csv"}
+
+
 def test_a_mark_without_the_sizes_of_its_files_is_no_mark(tmp_path):
     """A checkpoint counts as marked only with the sizes of its files in its mark: one whose
     mark lacks them is not resumed from."""
@@ -421,31 +442,87 @@ def test_the_experiment_opens_on_its_runs_in_mlflow_3(tracker):
     assert experiment.tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND == "custom_model_development"
 
 
-def test_a_copied_workspace_reads_its_own_artifacts(tmp_path, monkeypatch):
-    """MLflow records artifact locations as absolute paths: a copy of a workspace (its original
-    then removed) must still list and read its runs' artifacts, through MLflow's own client."""
+def _workspace_with_a_report(root: Path, note: Path) -> tuple[Tracker, str]:
+    """A workspace whose study logged ``note`` into a run's ``report``."""
+    root.mkdir(parents=True)
+    tracker = _workspace_tracker(root)
+    run_id = tracker.create_run("r", {})
+    tracker.log_artifacts(run_id, note, "report")
+    tracker.client.set_terminated(run_id)
+    return tracker, run_id
+
+
+def test_a_copied_workspace_writes_its_artifacts_into_itself(tmp_path, monkeypatch):
+    """MLflow records a file:// artifact location as an absolute path: the workspace's
+    experiment is located mlflow-artifacts:/<name> instead, so a copy of a workspace finds its
+    experiment again, holds the copied artifacts and writes new ones into itself, not into the
+    original (which is left as it was)."""
     import shutil
 
     monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
-    original = tmp_path / "a" / "ws"
-    original.mkdir(parents=True)
-    tracker = _workspace_tracker(original)
-    run_id = tracker.create_run("r", {})
     note = tmp_path / "note.txt"
     note.write_text("kept")
-    tracker.client.log_artifact(run_id, str(note), artifact_path="report")
-    tracker.client.set_terminated(run_id)
-    copy = tmp_path / "b" / "moved"
+    original = tmp_path / "a" / "ws"
+    tracker, run_id = _workspace_with_a_report(original, note)
+    copy = tmp_path / "b" / "copy"
     shutil.copytree(original, copy)
-    shutil.rmtree(original)
+    before = sorted(p.relative_to(original) for p in original.rglob("*"))
 
-    moved = _workspace_tracker(copy)
-    assert moved.experiment_id == tracker.experiment_id
-    client = MlflowClient(moved.tracking_uri)  # a fresh client, as the UI or a notebook has
-    assert [a.path for a in client.list_artifacts(run_id, "report")] == ["report/note.txt"]
-    local = client.download_artifacts(run_id, "report/note.txt", str(tmp_path / "out"))
-    assert Path(local).read_text() == "kept"
-    assert client.get_run(run_id).info.artifact_uri.startswith((copy / "mlartifacts").as_uri())
+    copied = _workspace_tracker(copy)
+    assert copied.experiment_id == tracker.experiment_id
+    assert copied.client.get_experiment(copied.experiment_id).artifact_location == \
+        "mlflow-artifacts:/t"
+    later = tmp_path / "later"
+    (later / "figures").mkdir(parents=True)
+    (later / "figures" / "curve.png").write_bytes(b"png")
+    copied.log_artifacts(run_id, later, "report")  # a folder's files, as log_artifacts does
+    assert served_artifacts(copied.client, run_id, copy / "mlartifacts") == {
+        "report/note.txt", "report/figures/curve.png"}
+    assert sorted(p.relative_to(original) for p in original.rglob("*")) == before
+
+
+@pytest.mark.slow
+def test_a_moved_workspace_s_artifacts_are_served_from_it(tmp_path, monkeypatch):
+    """A workspace moved elsewhere (the original removed), served as the docs tell users
+    (``mlflow ui``, i.e. ``mlflow server``, over its store with ``--artifacts-destination
+    <workspace>/mlartifacts``), lists and serves its runs' artifacts through MLflow's REST API:
+    its public client against the server, and the ``get-artifact`` endpoint the UI fetches."""
+    import shutil
+    import urllib.request
+
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
+    note = tmp_path / "note.txt"
+    note.write_text("kept")
+    original = tmp_path / "a" / "ws"
+    _, run_id = _workspace_with_a_report(original, note)
+    moved = tmp_path / "b" / "moved"
+    moved.parent.mkdir()
+    shutil.move(original, moved)
+    with loopback_server(f"sqlite:///{moved / 'mlflow.db'}", tmp_path / "ui",
+                         artifacts=str(moved / "mlartifacts")) as url:
+        client = MlflowClient(url)
+        assert [a.path for a in client.list_artifacts(run_id, "report")] == ["report/note.txt"]
+        local = client.download_artifacts(run_id, "report/note.txt", str(tmp_path / "out"))
+        assert Path(local).read_text() == "kept"
+        with urllib.request.urlopen(f"{url}/get-artifact?path=report/note.txt&run_uuid={run_id}",
+                                    timeout=30) as reply:
+            assert reply.read() == b"kept"
+
+
+def test_a_moved_workspace_with_an_absolute_artifact_location_is_refused(tmp_path, monkeypatch):
+    """An experiment created before locations were served (an absolute file:// path) in a
+    workspace since moved would have MLflow write into the original's folder: refused in one
+    line naming the folder."""
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    MlflowClient(f"sqlite:///{workspace / 'mlflow.db'}").create_experiment(
+        "t", artifact_location=(tmp_path / "old" / "mlartifacts" / "t").as_uri())
+    with pytest.raises(UserError, match=re.escape(str(tmp_path / "old" / "mlartifacts" / "t"))):
+        assert _workspace_tracker(workspace).experiment_id
+    MlflowClient(f"sqlite:///{workspace / 'mlflow.db'}").create_experiment(
+        "here", artifact_location=(workspace / "mlartifacts" / "here").as_uri())
+    assert _workspace_tracker(workspace, "here").experiment_id  # in this workspace: used
 
 
 def test_a_store_shared_by_workspaces_keeps_each_one_s_locations(tmp_path, monkeypatch):
