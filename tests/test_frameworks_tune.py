@@ -102,18 +102,72 @@ def saved_experiment(folder: Path, searcher: bool) -> list[Path]:
     return [folder / name for name in names]
 
 
+TRIALS = "experiment_state-2026-11-25_22-57-40.json"  # the trials' state in saved_experiment
+
+
 @pytest.mark.parametrize("searcher", [True, False], ids=["searcher", "grid"])
 def test_an_experiment_counts_as_saved_only_with_every_state_file_whole(tmp_path, searcher) -> None:
-    states = saved_experiment(tmp_path / "whole", searcher)
+    """The trials' state (JSON, rewritten in place at every turn of Tune's loop) as much as
+    the search algorithm's: a restore that fails on any of them restarts the experiment with
+    one trial (:func:`studies.frameworks.tune.saved_by_tune`)."""
+    states = [tmp_path / "whole" / TRIALS, *saved_experiment(tmp_path / "whole", searcher)]
     assert saved_by_tune(tmp_path / "whole")
     for i, state in enumerate(states):
         for cut in (0, len(state.read_bytes()) // 2):  # emptied, or cut in the middle
             folder = tmp_path / f"cut-{i}-{cut}"
-            copies = saved_experiment(folder, searcher)
-            copies[i].write_bytes(state.read_bytes()[:cut])
-            assert not saved_by_tune(folder), (copies[i].name, cut)
-    (tmp_path / "whole" / "experiment_state-2026-11-25_22-57-40.json").unlink()
-    assert not saved_by_tune(tmp_path / "whole")  # only tuner.pkl and the searcher's state
+            saved_experiment(folder, searcher)
+            (folder / state.name).write_bytes(state.read_bytes()[:cut])
+            assert not saved_by_tune(folder), (state.name, cut)
+        folder = tmp_path / f"missing-{i}"  # not copied to the storage yet
+        saved_experiment(folder, searcher)
+        (folder / state.name).unlink()
+        assert not saved_by_tune(folder), state.name
+
+
+def test_only_the_newest_state_files_count_as_tune_restores_from_them(tmp_path) -> None:
+    """A restore reads the newest file of each kind (by name: its driver's start time); an
+    older one cut short by the first driver's kill does not matter, a newest one does."""
+    folder = tmp_path / "experiment"
+    states = [folder / TRIALS, *saved_experiment(folder, searcher=True)]
+    for state in states:  # the first driver's, cut short
+        (folder / state.name.replace("2026-11-25_22-57-40", "2026-11-25_22-50-00")).write_bytes(
+            state.read_bytes()[:3])
+    assert saved_by_tune(folder)
+    for state in states:
+        whole = state.read_bytes()
+        state.write_bytes(whole[:3])
+        assert not saved_by_tune(folder), state.name
+        state.write_bytes(whole)
+
+
+def _report_once(config: dict) -> None:
+    from ray import tune
+
+    tune.report({"score": config["x"]})
+
+
+@pytest.mark.slow
+def test_a_restore_that_cannot_read_the_trials_state_ends_with_one_new_trial(cluster, tmp_path) -> None:
+    """Why the trials' state must be whole (the bug the resumed search met under load: "Tune
+    returned with 1 of 2 trial(s) ... not ended"): Tune 2.60 restoring an experiment whose
+    ``experiment_state-*`` a kill cut short logs "Failed to restore the run state" and runs
+    a new experiment of ``num_samples=1`` instead, whatever the Tuner planned; the driver
+    starts such an experiment over instead (:func:`saved_by_tune`)."""
+    from ray import tune
+
+    space = {"x": tune.uniform(0.0, 1.0)}
+    tuner = tune.Tuner(_report_once, param_space=space,
+                       tune_config=tune.TuneConfig(num_samples=2, max_concurrent_trials=2),
+                       run_config=tune.RunConfig(name="exp", storage_path=str(tmp_path), verbose=0))
+    assert len(tuner.fit()) == 2
+    experiment = tmp_path / "exp"
+    assert saved_by_tune(experiment)
+    (state,) = experiment.glob("experiment_state-*.json")
+    state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])
+    assert not saved_by_tune(experiment)
+    grid = tune.Tuner.restore(str(experiment), _report_once, param_space=space,
+                              resume_unfinished=True, resume_errored=True).fit()
+    assert (len(grid), grid.num_terminated) == (1, 1)  # one new trial where two were planned
 
 
 def test_an_experiment_with_only_tuner_pkl_is_not_saved(tmp_path) -> None:

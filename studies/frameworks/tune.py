@@ -52,6 +52,9 @@ TESTED_VERSION = "2.60.0"
 CHECKPOINT_DIR = "checkpoint_dir_name"
 RESULT_FILE, PROGRESS_FILE = "result.json", "progress.csv"  # a trial's results, as Tune logs them
 SEARCHER_STATE = "searcher-state-*.pkl"  # Searcher.save_to_dir's name (ours holds JSON)
+EXPERIMENT_STATE = "experiment_state-*.json"  # the trials' state (JSON)
+SEARCH_GEN_STATE = "search_gen_state-*.json"  # a searcher's wrappers (a pickle)
+GRID_STATE = "basic-variant-state-*.json"  # a grid's generator (a pickle)
 PICKLED = pickle.PROTO  # the first byte of a pickle (protocol 2 or later, as Tune writes them)
 # The logger of Tune's background copies of the experiment to its storage.
 SYNCER_LOGGER = "ray.train._internal.syncer"
@@ -175,43 +178,55 @@ class EpochCsvLogger(_OncePerEpoch, CSVLoggerCallback):
 
 def saved_by_tune(experiment: str | os.PathLike) -> bool:
     """Whether Tune saved ``experiment`` (a folder or a URI: read through its file system,
-    :mod:`studies.storage`) whole at least once: its trials and its search algorithm.
+    :mod:`studies.storage`) whole, so that ``Tuner.restore`` continues it: the newest file of
+    each of its state files (what a restore reads) is there and was written whole.
 
     ``Tuner.can_restore`` asks only for ``tuner.pkl``, which the Tuner writes when it is built,
     before ``fit`` saves anything, and which holds no ``param_space``. A driver killed in that
     window leaves an experiment that "restores" as a new one without the param_space. Tune
-    writes the trials' state first (``experiment_state-*``) and the search algorithm's next
-    (``search_gen_state-*`` and the searcher's ``searcher-state-*`` for a searcher,
-    ``basic-variant-state-*`` for a grid).
+    writes the trials' state first (``experiment_state-*``) and the search algorithm's next:
+    a searcher's ``searcher-state-*`` and its wrappers' ``search_gen_state-*`` (both), or a
+    grid's ``basic-variant-state-*``.
 
-    A driver killed while Ray copies those files from its staging folder to the storage leaves a
-    file cut short (an empty ``searcher-state-*.pkl``, say). Tune 2.60 then fails its restore
-    after it has restored the concurrency limiter, logs "Restarting experiment" and waits for
-    ever: the limiter still counts the trials that were running as live. Such an experiment is
-    not saved whole either.
+    A driver killed while Ray copies those files from its staging folder to the storage leaves
+    a file cut short or not copied yet (the copies run in parallel, and the trials' state is
+    rewritten in place at every turn of Tune's loop, ``TUNE_GLOBAL_CHECKPOINT_S=0``). Tune
+    2.60's restore then fails wherever it meets it, logs "Failed to restore the run state" and
+    "Restarting experiment", and goes on as a new experiment from the state it had restored
+    so far: one of ``num_samples=1`` (``tune.run``'s default: a restored Tuner passes none),
+    so that ``fit`` returns one new trial where the search planned ``budget``; or, after it
+    restored the concurrency limiter, one that waits for ever for the trials the limiter still
+    counts as live. Such an experiment is not saved whole either.
     """
     files = storage.names(experiment)
-    saved = (fnmatch.filter(files, "search_gen_state-*.json") + fnmatch.filter(files, SEARCHER_STATE)
-             or fnmatch.filter(files, "basic-variant-state-*.json"))  # a searcher's, or a grid's
-    return (bool(fnmatch.filter(files, "experiment_state-*.json")) and bool(saved)
-            and all(_whole(storage.join(experiment, name)) for name in saved))
+    searcher = [_newest(files, SEARCH_GEN_STATE), _newest(files, SEARCHER_STATE)]
+    search = searcher if any(searcher) else [_newest(files, GRID_STATE)]
+    read = [_newest(files, EXPERIMENT_STATE), *search]
+    return all(read) and all(_whole(storage.join(experiment, name)) for name in read)
+
+
+def _newest(files: list[str], pattern: str) -> str | None:
+    """The file that Tune's restore reads of those named ``pattern``: the last by name (each
+    name ends with the time its driver started)."""
+    return max(fnmatch.filter(files, pattern), default=None)
 
 
 def newest_searcher_state(experiment: str | os.PathLike) -> str | None:
     """Where the searcher state is that ``Tuner.restore`` hands to the searcher (the newest by
     name), in ``experiment`` (a folder or a URI)."""
-    newest = max(storage.names(experiment, SEARCHER_STATE), default=None)
+    newest = _newest(storage.names(experiment), SEARCHER_STATE)
     return None if newest is None else storage.join(experiment, newest)
 
 
 def _whole(state: str) -> bool:
-    """Whether a state file was written whole, read without executing anything: the searcher's
-    JSON parses, and a pickle of Tune's runs to its STOP (``pickletools`` reads the opcodes;
-    ``pickle.load`` would run whatever the file asks, and the storage may be a shared bucket).
+    """Whether a state file was written whole, read without executing anything: JSON (the
+    trials' state, the searcher's) parses, and a pickle of Tune's runs to its STOP
+    (``pickletools`` reads the opcodes; ``pickle.load`` would run whatever the file asks, and
+    the storage may be a shared bucket).
     """
     try:
         data = storage.read_bytes(state)
-        if not data.startswith(PICKLED):  # the searcher's state (studies.searcher)
+        if not data.startswith(PICKLED):  # the trials' state, the searcher's (studies.searcher)
             json.loads(data)
             return True
         return any(op.name == "STOP" for op, _, _ in pickletools.genops(data))
