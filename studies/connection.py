@@ -367,9 +367,9 @@ def _start_private(num_cpus: int | None, num_gpus: int | None, dashboard: bool,
     instance = launcher.start_head(num_cpus=num_cpus, num_gpus=num_gpus, dashboard=dashboard,
                                    owner=owner)
     try:
-        with (ray_internals.as_auto(instance.address) as auto,
-              ray_internals.loopback_stays_loopback(), signals.handlers_kept()):
-            info = ray.init(address=auto, log_to_driver=False, configure_logging=False)
+        ray_internals.send_token_if_present()
+        with ray_internals.loopback_stays_loopback(), signals.handlers_kept():
+            info = ray.init(address=instance.address, log_to_driver=False, configure_logging=False)
         dashboard_url = _url(info.dashboard_url)
         if record is not None:
             records.write_record(instance, record, dashboard_url)
@@ -382,10 +382,10 @@ def _start_private(num_cpus: int | None, num_gpus: int | None, dashboard: bool,
 
 def _join(address: str, stated_gpus: int | None = None) -> Cluster:
     gcs = reachable_gcs(address)
-    try:  # joined as "auto": Ray sends the local token (ray_internals.as_auto)
-        with (ray_internals.as_auto(gcs) as auto, ray_internals.loopback_stays_loopback(),
-              signals.handlers_kept()):
-            info = ray.init(address=auto, log_to_driver=False, configure_logging=False)
+    ray_internals.send_token_if_present()
+    try:
+        with ray_internals.loopback_stays_loopback(), signals.handlers_kept():
+            info = ray.init(address=gcs, log_to_driver=False, configure_logging=False)
     except (ConnectionError, RuntimeError, ValueError, ray.exceptions.RayError) as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserError(f"cannot join the Ray cluster at --address {address}: {reason}") from None

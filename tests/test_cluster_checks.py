@@ -18,8 +18,14 @@ from mlflow.tracking import MlflowClient
 
 from icr.config import from_flat, local_paths
 from studies.failures import NodeCannotRead, node_cannot_read
-from studies.frameworks.tune import STORAGE_MARKER, raised_in_callback
-from studies.trainable import TrialJob, check_readable, path_problem, storage_problem
+from studies.frameworks.tune import raised_in_callback
+from studies.trainable import (
+    STORAGE_MARKER,
+    TrialJob,
+    check_readable,
+    path_problem,
+    storage_problem,
+)
 
 from fakes import FakeFit, fake_prepare, fake_study
 
@@ -27,7 +33,7 @@ from fakes import FakeFit, fake_prepare, fake_study
 def job(tmp_path: Path, data: dict[str, str] | None = None) -> TrialJob:
     experiment = tmp_path / "storage" / "search-x"
     experiment.mkdir(parents=True, exist_ok=True)
-    (experiment / STORAGE_MARKER).touch()  # as Tune's driver writes it when the Tuner starts
+    (experiment / STORAGE_MARKER).touch()  # as the driver writes it when the Tuner starts
     return TrialJob("fake", "search", str(tmp_path / "ws"), str(experiment), data or {})
 
 

@@ -6,9 +6,9 @@ where a loopback-only instance does not listen), the address file that ``ray sta
 ``--address auto`` reads, the lines and files by which a node started with ``ray start`` tells
 that it runs, and where the autoscaler of a cluster keeps the node types it can add
 (:func:`autoscaler_config_file`) and the nodes it is adding (:func:`pending_nodes`). Token
-authentication goes through Ray's documented variables and token file (:func:`ensure_token`,
-:func:`auth_environment`) and ``ray.init(address="auto")`` (:func:`as_auto`). The modules that
-use them (:mod:`studies.launcher`, :mod:`studies.connection`) use Ray's public API for the rest.
+authentication goes through Ray's documented variable and token file (:func:`ensure_token`,
+:func:`auth_environment`), but for the driver's own process (:func:`send_token_if_present`).
+The modules that use them (:mod:`studies.launcher`, :mod:`studies.connection`) use Ray's public API for the rest.
 """
 
 from __future__ import annotations
@@ -69,6 +69,8 @@ def _reaching(what: str) -> contextlib.AbstractContextManager[None]:
 # Ray's internals, reached once when this module is imported: one that moved is one line.
 with _reaching("ray._private.services.resolve_ip_for_localhost"):
     from ray._private import services
+with _reaching("ray._private.authentication.authentication_token_setup"):
+    from ray._private.authentication import authentication_token_setup as auth
 # What `ray status` reads: autoscaler v1 writes its report as JSON under this key of the GCS's
 # key-value store; autoscaler v2 answers ray.autoscaler.v2.sdk.get_cluster_status.
 with _reaching("ray._private.ray_constants.DEBUG_AUTOSCALING_STATUS"):
@@ -132,23 +134,12 @@ def auth_environment() -> dict[str, str]:
     return {}
 
 
-@contextlib.contextmanager
-def as_auto(address: str) -> Iterator[str]:
-    """``address`` as ``ray.init`` reads ``"auto"``: from RAY_ADDRESS, set while the block runs.
-
-    Ray turns token authentication on (sending the local token) when it joins a cluster found
-    with ``auto`` and :data:`AUTH_MODE_VARIABLE` is unset, never with an explicit address; a
-    study joins the address it checked (:func:`studies.connection.reachable_gcs`) with the
-    token."""
-    before = os.environ.get("RAY_ADDRESS")
-    os.environ["RAY_ADDRESS"] = address
-    try:
-        yield "auto"
-    finally:
-        if before is None:
-            os.environ.pop("RAY_ADDRESS", None)
-        else:
-            os.environ["RAY_ADDRESS"] = before
+def send_token_if_present() -> None:
+    """Send the local token when connecting to a cluster, also with an explicit address, as
+    Ray itself does for ``auto`` only: token authentication on for this process (its cached
+    configuration included) when a token exists and :data:`AUTH_MODE_VARIABLE` is unset."""
+    with _reaching("ray._private.authentication.authentication_token_setup"):
+        auth.maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
 
 
 def token_path() -> Path:
