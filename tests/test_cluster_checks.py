@@ -169,3 +169,14 @@ def test_a_study_whose_every_run_failed_exits_non_zero(cluster, tmp_path: Path, 
     assert "TrainingError: non-finite loss at epoch 1" in err[-1]
     assert (workspace / "reports" / "fake").is_dir()
     assert all(r.info.status == "FAILED" for r in trial_runs(workspace))
+
+
+def test_the_driver_writes_the_marker_when_its_tuner_starts(tmp_path: Path) -> None:
+    """Tune calls a callback's ``setup`` once, on the driver, before any trial starts."""
+    from studies.trainable import StopWhenUnreadable
+
+    experiment = tmp_path / "storage" / "search-x"
+    assert "not found from this node" in storage_problem(str(experiment))
+    StopWhenUnreadable(str(experiment)).setup(num_samples=2)
+    assert storage_problem(str(experiment)) == ""
+    assert storage_problem(f"file://{experiment}") == ""

@@ -191,7 +191,7 @@ def test_an_internal_that_moved_is_one_line_naming_both_versions(monkeypatch) ->
     from studies.frameworks import FrameworkChanged
     from studies.frameworks import ray as ray_internals
 
-    monkeypatch.setitem(sys.modules, "ray._private.utils", None)  # as if the module were gone
+    monkeypatch.setitem(sys.modules, "ray._private.ray_constants", None)  # as if it were gone
     try:
         with pytest.raises(FrameworkChanged) as error:
             importlib.reload(ray_internals)
@@ -200,7 +200,7 @@ def test_an_internal_that_moved_is_one_line_naming_both_versions(monkeypatch) ->
         importlib.reload(ray_internals)  # whole again for the tests that follow
     message = str(error.value)
     assert "\n" not in message and ray_internals.TESTED_VERSION in message
-    assert "ray._private.utils.read_ray_address has changed" in message
+    assert "ray._private.ray_constants.DEBUG_AUTOSCALING_STATUS has changed" in message
 
 
 # --- the internals the adapters touch: listed, so that a new one is a visible change ------------
@@ -227,23 +227,22 @@ EXPECTED_TOUCHES = {
     ],
     "optuna.py": [],
     "ray.py": [
-        "import of ray._private",
-        "import of ray._private.ray_constants",
+        "import of ray._private.authentication.authentication_token_setup",
         "import of ray._private.ray_constants.DEBUG_AUTOSCALING_STATUS",
         "import of ray._private.services",
         "import of ray.autoscaler.v2.sdk.get_cluster_status",
         "import of ray.autoscaler.v2.utils.is_autoscaler_v2",
         "import of ray.experimental.internal_kv._internal_kv_get",
-        "names ray._private.services...",
-        "names ray/autoscaler/_private/monitor.py",
+        "names autoscaler/_private/monitor.py",
+        "names ray._private.services",
     ],
     "tune.py": [
-        "attribute ._name",
         "attribute ._trial_files",
-        "class LabelledTrial(wrap_function(...)) defines __repr__, restore",
-        "import of ray.cloudpickle",
+        "class EpochCsvLogger(CSVLoggerCallback) defines __init__, _last_epoch, log_trial_result",
+        "class EpochJsonLogger(JsonLoggerCallback) defines __init__, _last_epoch, log_trial_result",
+        "class LabelledTrial(wrap_function()) defines __repr__, restore",
         "import of ray.tune.trainable.function_trainable.wrap_function",
-        "names ray.train._internal.syncer...",
+        "names ray.train._internal.syncer",
     ],
 }
 
@@ -332,3 +331,28 @@ def test_the_adapters_touch_exactly_the_listed_internals() -> None:
     found = {p.name: internal_touches(p) for p in sorted(ADAPTERS.glob("*.py"))
              if p.name != "__init__.py"}
     assert found == EXPECTED_TOUCHES
+
+
+def test_the_scan_finds_each_kind_of_internal_touch(tmp_path: Path) -> None:
+    """One of each kind the adapters' list is made of, and public API that is none."""
+    module = tmp_path / "adapter.py"
+    module.write_text(
+        "import os\n"
+        "import optuna\n"
+        "from optuna.samplers import BaseSampler, GridSampler\n"
+        "from ray._private import services\n"
+        "from ray.tune.result import AUTO_RESULT_KEYS\n"
+        "SCRIPT = 'import ray._private.services'\n"
+        "MONITOR = os.path.join('autoscaler', '_private', 'monitor.py')\n"
+        "def f(study):\n"
+        "    return study._storage, optuna.create_study()\n"
+        "class Once(GridSampler):\n"
+        "    def after_trial(self, *args):\n"
+        "        return None\n"
+        "class Mine(BaseSampler):\n"
+        "    def sample_relative(self, *args):\n"
+        "        return {}\n")
+    assert internal_touches(module) == [
+        "attribute ._storage", "class Once(GridSampler) defines after_trial",
+        "import of ray._private.services", "import of ray.tune.result.AUTO_RESULT_KEYS",
+        "names autoscaler/_private/monitor.py", "names ray._private.services"]
