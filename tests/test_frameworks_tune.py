@@ -179,6 +179,6 @@ def test_the_adapter_s_bookkeeping_keys_and_metadata_file_are_the_installed_tune
 
     from studies.frameworks.tune import BOOKKEEPING, METADATA_FILE
 
-    assert BOOKKEEPING == {*AUTO_RESULT_KEYS, "done", "trial_id", "should_checkpoint",
-                           "experiment_tag"}
+    installed = {*AUTO_RESULT_KEYS, "done", "trial_id", "should_checkpoint", "experiment_tag"}
+    assert installed == BOOKKEEPING
     assert METADATA_FILE == _METADATA_FILE_NAME
