@@ -10,6 +10,10 @@ outside that package and the adapters' own tests (``tests/test_frameworks_*.py``
 - a string naming one (a script or a logger name such as ``"ray.train._internal.syncer"``);
 - a private attribute (``obj._name``) that the project itself defines nowhere, so it belongs to a
   library's object (``client._tracking_client``, ``OptunaSearch._ot_trials``).
+
+Inside the adapters, the internals they touch are listed (``EXPECTED_TOUCHES``, found by
+:func:`internal_touches`), so that a new one is a visible change, and docs/architecture.md's table
+names each.
 """
 
 from __future__ import annotations
