@@ -8,7 +8,8 @@ that it runs, and where the autoscaler of a cluster keeps the node types it can 
 (:func:`autoscaler_config_file`) and the nodes it is adding (:func:`pending_nodes`). Token
 authentication goes through Ray's documented variable and token file (:func:`ensure_token`,
 :func:`auth_environment`), but for the driver's own process (:func:`send_token_if_present`).
-The modules that use them (:mod:`studies.launcher`, :mod:`studies.connection`) use Ray's public API for the rest.
+The modules that use them (:mod:`studies.launcher`, :mod:`studies.connection`) use Ray's public
+API for the rest.
 """
 
 from __future__ import annotations
