@@ -366,7 +366,8 @@ def test_docs_architecture_names_every_listed_touch() -> None:
     """docs/architecture.md's "Frameworks" table has a row for each touch of the list (why, and
     what public API would replace it)."""
     text = (ROOT / "docs" / "architecture.md").read_text()
-    frameworks = text[text.index("## Frameworks"):text.index("\n## ", text.index("## Frameworks") + 1)]
+    start = text.index("## Frameworks")
+    frameworks = text[start:text.index("\n## ", start + 1)]
     names = [touch.split(" ")[2] if touch.startswith("import of") else
              touch.split(" ")[1] if touch.startswith(("attribute", "names")) else
              touch.split(" ")[1].split("(")[0]
