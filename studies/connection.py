@@ -367,6 +367,7 @@ def _start_private(num_cpus: int | None, num_gpus: int | None, dashboard: bool,
     instance = launcher.start_head(num_cpus=num_cpus, num_gpus=num_gpus, dashboard=dashboard,
                                    owner=owner)
     try:
+        ray_internals.send_token_if_present()
         with ray_internals.loopback_stays_loopback(), signals.handlers_kept():
             info = ray.init(address=instance.address, log_to_driver=False, configure_logging=False)
         dashboard_url = _url(info.dashboard_url)

@@ -118,7 +118,8 @@ def start_head(
     head's autoscaler (its config file, GCS port and environment; tests of autoscaling). A
     ``ray start`` that gives up is tried again (:func:`_retried`).
     """
-    if ray_internals.enable_token_auth():
+    if ray_internals.token_auth_wanted():
+        ray_internals.ensure_token()
         protect_token()
     return _retried(lambda: _start_head_once(num_cpus, num_gpus, dashboard, resources,
                                              system_config, timeout, owner, autoscaling))
@@ -267,7 +268,8 @@ def _node_options(temp_dir: Path, num_cpus: int | None, num_gpus: int | None,
 
 def _launcher_env(marker: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    return {**env, processes.MARKER: marker, "RAY_USAGE_STATS_ENABLED": "0"}
+    return {**env, **ray_internals.auth_environment(), processes.MARKER: marker,
+            "RAY_USAGE_STATS_ENABLED": "0"}
 
 
 def _new_temp_dir(marker: str) -> Path:

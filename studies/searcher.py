@@ -82,7 +82,9 @@ class StudySearcher(Searcher):
         self.cost = cost
         self.directions = ["maximize" if mode == "max" else "minimize"] + (["minimize"] if cost else [])
         self.study = optuna.create_study(directions=self.directions, sampler=sampler)
-        self.trials: dict[str, optuna.trial.Trial] = {}  # Tune trial id -> its Optuna trial
+        # Tune trial id -> its Optuna trial (live while it runs; after a restore, an ended one is
+        # the study's record of it)
+        self.trials: dict[str, optuna.trial.Trial | optuna.trial.FrozenTrial] = {}
         self.ended: dict[int, str] = {}  # Optuna trial number -> Tune trial id, once told
 
     def suggest(self, trial_id: str) -> dict[str, Any] | None:

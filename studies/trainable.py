@@ -54,7 +54,6 @@ from studies.frameworks.tune import (
     BOOKKEEPING,
     METADATA_FILE,
     raised_in_callback,
-    storage_marker,
     trial_exception,
     trial_folder,
 )
@@ -62,6 +61,9 @@ from studies.trials import spec_of
 
 FitFn = Callable[..., Any]  # the signature of icr.train.fit
 _IN_REPORT = "icr_in_report"  # set on an exception that reporting an epoch raised
+# Written by the driver into an experiment's storage folder when a Tuner starts
+# (StopWhenUnreadable.setup): a node that sees it shares the driver's storage.
+STORAGE_MARKER = "icr-storage-marker"
 REPORTED = "icr_reported"  # a checkpoint's metadata key: the result it was reported with
 FILES = "icr_files"  # a checkpoint's metadata key: its files and their sizes, when it was reported
 
@@ -132,7 +134,7 @@ def run_trial(trial_config: dict[str, Any], *, job: TrialJob, fit: FitFn | None 
 
 def check_readable(job: TrialJob, config: ExperimentConfig, condition: str) -> None:
     """Raise :class:`NodeCannotRead` unless this node reads the study's Tune storage (the
-    marker Tune's driver wrote into the experiment's folder, :func:`storage_marker`) and the
+    marker the driver wrote into the experiment's folder, :func:`storage_marker`) and the
     trial's data: its condition's data folder as the driver prepared it, and every local file
     or folder its configuration names (:func:`icr.config.local_paths`); a folder given by URI
     (``data.precomp_dir=s3://...``) is first copied into this node's cache, once per node
@@ -183,6 +185,20 @@ def path_problem(path: str) -> str:
     return ""
 
 
+def storage_marker(experiment: str) -> str:
+    """The file that the driver writes into an experiment's storage folder when its Tuner
+    starts (:class:`StopWhenUnreadable`): a node that sees it shares the driver's storage."""
+    return storage.join(experiment, STORAGE_MARKER)
+
+
+def write_storage_marker(experiment: str) -> None:
+    """Write :func:`storage_marker` of ``experiment`` (a folder or a URI), its folder too."""
+    fs, marker = storage.filesystem(storage_marker(experiment))
+    fs.create_dir(marker.rpartition("/")[0], recursive=True)
+    with fs.open_output_stream(marker) as out:
+        out.write(b"written by the study's driver when its Tuner started\n")
+
+
 def storage_problem(experiment: str) -> str:
     """Why this node does not see the Tune storage of ``experiment`` as the driver wrote it;
     '' when it does."""
@@ -192,7 +208,7 @@ def storage_problem(experiment: str) -> str:
     except OSError as exc:  # credentials, an endpoint that does not answer
         return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     if info.type == pyarrow.fs.FileType.NotFound:
-        return "the marker Tune's driver wrote there is not found from this node"
+        return "the marker the study's driver wrote there is not found from this node"
     return ""
 
 
@@ -206,7 +222,18 @@ class StopWhenUnreadable(tune.Callback):
     its saved state and the MLflow runs stay as they were, and the same command continues
     the study once every node reads what it needs. It must come before the MLflow callback,
     which would record the run as failed.
+
+    ``experiment``: the Tuner's experiment folder (or URI), where :meth:`setup` writes the
+    marker that :func:`check_readable` looks for on the trial's node before the trials start.
     """
+
+    def __init__(self, experiment: str | None = None) -> None:
+        self.experiment = experiment
+
+    def setup(self, stop: Any = None, num_samples: int | None = None,
+              total_num_samples: int | None = None, **info: Any) -> None:
+        if self.experiment is not None:
+            write_storage_marker(self.experiment)
 
     def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self._stop_if_unreadable(trial)

@@ -280,7 +280,7 @@ def tuner_callbacks(session: Session, name: str, phase: str, conditions: tuple[s
         plan.storage_root,
     )
     # StopWhenUnreadable first: a trial whose node cannot read its data is not a failed run
-    return [StopWhenUnreadable(), recorder,
+    return [StopWhenUnreadable(session.experiment_path(name)), recorder,
             progress_callback(session, conditions, title, expected),
             EpochJsonLogger(), EpochCsvLogger()]
 

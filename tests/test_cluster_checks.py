@@ -18,8 +18,14 @@ from mlflow.tracking import MlflowClient
 
 from icr.config import from_flat, local_paths
 from studies.failures import NodeCannotRead, node_cannot_read
-from studies.frameworks.tune import STORAGE_MARKER, raised_in_callback
-from studies.trainable import TrialJob, check_readable, path_problem, storage_problem
+from studies.frameworks.tune import raised_in_callback
+from studies.trainable import (
+    STORAGE_MARKER,
+    TrialJob,
+    check_readable,
+    path_problem,
+    storage_problem,
+)
 
 from fakes import FakeFit, fake_prepare, fake_study
 
@@ -27,7 +33,7 @@ from fakes import FakeFit, fake_prepare, fake_study
 def job(tmp_path: Path, data: dict[str, str] | None = None) -> TrialJob:
     experiment = tmp_path / "storage" / "search-x"
     experiment.mkdir(parents=True, exist_ok=True)
-    (experiment / STORAGE_MARKER).touch()  # as Tune's driver writes it when the Tuner starts
+    (experiment / STORAGE_MARKER).touch()  # as the driver writes it when the Tuner starts
     return TrialJob("fake", "search", str(tmp_path / "ws"), str(experiment), data or {})
 
 
@@ -163,3 +169,14 @@ def test_a_study_whose_every_run_failed_exits_non_zero(cluster, tmp_path: Path, 
     assert "TrainingError: non-finite loss at epoch 1" in err[-1]
     assert (workspace / "reports" / "fake").is_dir()
     assert all(r.info.status == "FAILED" for r in trial_runs(workspace))
+
+
+def test_the_driver_writes_the_marker_when_its_tuner_starts(tmp_path: Path) -> None:
+    """Tune calls a callback's ``setup`` once, on the driver, before any trial starts."""
+    from studies.trainable import StopWhenUnreadable
+
+    experiment = tmp_path / "storage" / "search-x"
+    assert "not found from this node" in storage_problem(str(experiment))
+    StopWhenUnreadable(str(experiment)).setup(num_samples=2)
+    assert storage_problem(str(experiment)) == ""
+    assert storage_problem(f"file://{experiment}") == ""

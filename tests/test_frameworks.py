@@ -10,6 +10,10 @@ outside that package and the adapters' own tests (``tests/test_frameworks_*.py``
 - a string naming one (a script or a logger name such as ``"ray.train._internal.syncer"``);
 - a private attribute (``obj._name``) that the project itself defines nowhere, so it belongs to a
   library's object (``client._tracking_client``, ``OptunaSearch._ot_trials``).
+
+Inside the adapters, the internals they touch are listed (``EXPECTED_TOUCHES``, found by
+:func:`internal_touches`), so that a new one is a visible change, and docs/architecture.md's table
+names each.
 """
 
 from __future__ import annotations
@@ -191,7 +195,7 @@ def test_an_internal_that_moved_is_one_line_naming_both_versions(monkeypatch) ->
     from studies.frameworks import FrameworkChanged
     from studies.frameworks import ray as ray_internals
 
-    monkeypatch.setitem(sys.modules, "ray._private.utils", None)  # as if the module were gone
+    monkeypatch.setitem(sys.modules, "ray._private.ray_constants", None)  # as if it were gone
     try:
         with pytest.raises(FrameworkChanged) as error:
             importlib.reload(ray_internals)
@@ -200,4 +204,173 @@ def test_an_internal_that_moved_is_one_line_naming_both_versions(monkeypatch) ->
         importlib.reload(ray_internals)  # whole again for the tests that follow
     message = str(error.value)
     assert "\n" not in message and ray_internals.TESTED_VERSION in message
-    assert "ray._private.utils.read_ray_address has changed" in message
+    assert "ray._private.ray_constants.DEBUG_AUTOSCALING_STATUS has changed" in message
+
+
+# --- the internals the adapters touch: listed, so that a new one is a visible change ------------
+
+ADAPTERS = ROOT / "studies" / "frameworks"
+# The frameworks' modules whose names the adapters may import as public API (each in its
+# framework's API reference); a name from any other module of a framework is an internal.
+PUBLIC_MODULES = {
+    "ray", "ray.tune", "ray.tune.error", "ray.tune.logger", "ray.tune.search",
+    "ray.tune.schedulers", "ray.util.state",
+    "optuna", "optuna.distributions", "optuna.samplers", "optuna.storages", "optuna.study",
+    "optuna.trial",
+    "mlflow", "mlflow.entities", "mlflow.tracking",
+}
+# Framework classes documented as extension points: a subclass implements their interface.
+EXTENSION_POINTS = {"BaseSampler", "Callback", "Searcher", "LoggerCallback"}
+# What each adapter touches that is not its framework's public API, as internal_touches finds it.
+# docs/architecture.md, "Frameworks", says of each why and what public API would replace it; a
+# touch added or removed fails test_the_adapters_touch_exactly_the_listed_internals until this
+# list (and that table) says so.
+EXPECTED_TOUCHES = {
+    "mlflow.py": [
+        "import of mlflow.utils.validation.MAX_TAG_VAL_LENGTH",
+    ],
+    "optuna.py": [],
+    "ray.py": [
+        "import of ray._private.authentication.authentication_token_setup",
+        "import of ray._private.ray_constants.DEBUG_AUTOSCALING_STATUS",
+        "import of ray._private.services",
+        "import of ray.autoscaler.v2.sdk.get_cluster_status",
+        "import of ray.autoscaler.v2.utils.is_autoscaler_v2",
+        "import of ray.experimental.internal_kv._internal_kv_get",
+        "names autoscaler/_private/monitor.py",
+        "names ray._private.services",
+    ],
+    "tune.py": [
+        "attribute ._trial_files",
+        "class EpochCsvLogger(CSVLoggerCallback) defines __init__, _last_epoch, log_trial_result",
+        "class EpochJsonLogger(JsonLoggerCallback) defines __init__, _last_epoch, log_trial_result",
+        "class LabelledTrial(wrap_function()) defines __repr__, restore",
+        "import of ray.tune.trainable.function_trainable.wrap_function",
+        "names ray.train._internal.syncer",
+    ],
+}
+
+
+NAMED = re.compile(r"\b(?:" + "|".join(FRAMEWORKS) + r")(?:[./]\w+)+(?:\.py)?")
+
+
+def _framework_names(tree: ast.Module) -> dict[str, str]:
+    """Local name -> what it is, for every name bound to a framework's object: an import
+    (``GridSampler`` -> ``GridSampler``), or the result of calling one
+    (``base = wrap_function(fn)`` -> ``wrap_function()``)."""
+    names: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in FRAMEWORKS:
+            names.update({a.asname or a.name: a.name for a in node.names})
+        elif isinstance(node, ast.Import):
+            names.update({(a.asname or a.name).split(".")[0]: a.name for a in node.names
+                          if a.name.split(".")[0] in FRAMEWORKS})
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+                and isinstance(node.value.func, ast.Name) and node.value.func.id in names):
+            names.update({t.id: f"{names[node.value.func.id]}()" for t in node.targets
+                          if isinstance(t, ast.Name)})
+    return names
+
+
+def _internal_module(module: str) -> bool:
+    return module not in PUBLIC_MODULES or any(_private(p) for p in module.split("."))
+
+
+def _labels(tree: ast.Module) -> set[int]:
+    """The ids of the strings that only label a touch: the first argument of ``_reaching``."""
+    return {id(node.args[0]) for node in ast.walk(tree) if isinstance(node, ast.Call)
+            and ast.unparse(node.func) == "_reaching" and node.args}
+
+
+def internal_touches(path: Path) -> list[str]:
+    """What the module at ``path`` touches of a framework that is not its public API, sorted:
+
+    - a name imported from a framework's private module or from one outside
+      :data:`PUBLIC_MODULES`, or a private name imported from any;
+    - a private attribute (``study._storage``) that the module itself does not define;
+    - a string naming a private module or file of a framework (a script that ``ray start`` runs,
+      a logger's name, an autoscaler's command line), not counting the labels of ``_reaching``;
+    - a class derived from a framework's class that is not one of :data:`EXTENSION_POINTS`,
+      with the methods it (or a mixin of this module before it) defines.
+    """
+    tree = ast.parse(path.read_text())
+    own = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+           and isinstance(n.ctx, ast.Store)} | {
+        n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.ClassDef)}
+    labels = _labels(tree)
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in FRAMEWORKS:
+            found.update(f"import of {node.module}.{a.name}" for a in node.names
+                         if _internal_module(node.module) or _private(a.name))
+        elif isinstance(node, ast.Import):
+            found.update(f"import of {a.name}" for a in node.names
+                         if a.name.split(".")[0] in FRAMEWORKS and _internal_module(a.name))
+        elif isinstance(node, ast.Attribute) and _private(node.attr) and node.attr not in own:
+            found.add(f"attribute .{node.attr}")
+        elif (isinstance(node, ast.Constant) and isinstance(node.value, str)
+              and id(node) not in labels):
+            found.update(f"names {m}" for m in NAMED.findall(node.value)
+                         if any(_private(p) for p in re.split(r"[./]", m)))
+        elif isinstance(node, ast.Call) and ast.unparse(node.func) == "os.path.join":
+            parts = [a.value for a in node.args if isinstance(a, ast.Constant)]
+            if any(_private(p) for p in parts):
+                found.add("names " + "/".join(parts))
+    classes = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
+    names = _framework_names(tree)
+    for node in classes.values():
+        bases = [ast.unparse(b) for b in node.bases]
+        framework = [names[b] for b in bases if b in names]
+        if not framework or all(f in EXTENSION_POINTS for f in framework):
+            continue
+        methods = {m.name for c in [node, *(classes[b] for b in bases if b in classes)]
+                   for m in c.body if isinstance(m, ast.FunctionDef)}
+        found.add(f"class {node.name}({', '.join(framework)}) defines "
+                  f"{', '.join(sorted(methods))}")
+    return sorted(found)
+
+
+def test_the_adapters_touch_exactly_the_listed_internals() -> None:
+    found = {p.name: internal_touches(p) for p in sorted(ADAPTERS.glob("*.py"))
+             if p.name != "__init__.py"}
+    assert found == EXPECTED_TOUCHES
+
+
+def test_the_scan_finds_each_kind_of_internal_touch(tmp_path: Path) -> None:
+    """One of each kind the adapters' list is made of, and public API that is none."""
+    module = tmp_path / "adapter.py"
+    module.write_text(
+        "import os\n"
+        "import optuna\n"
+        "from optuna.samplers import BaseSampler, GridSampler\n"
+        "from ray._private import services\n"
+        "from ray.tune.result import AUTO_RESULT_KEYS\n"
+        "SCRIPT = 'import ray._private.services'\n"
+        "MONITOR = os.path.join('autoscaler', '_private', 'monitor.py')\n"
+        "def f(study):\n"
+        "    return study._storage, optuna.create_study()\n"
+        "class Once(GridSampler):\n"
+        "    def after_trial(self, *args):\n"
+        "        return None\n"
+        "class Mine(BaseSampler):\n"
+        "    def sample_relative(self, *args):\n"
+        "        return {}\n")
+    assert internal_touches(module) == [
+        "attribute ._storage", "class Once(GridSampler) defines after_trial",
+        "import of ray._private.services", "import of ray.tune.result.AUTO_RESULT_KEYS",
+        "names autoscaler/_private/monitor.py", "names ray._private.services"]
+
+
+def test_docs_architecture_names_every_listed_touch() -> None:
+    """docs/architecture.md's "Frameworks" table has a row for each touch of the list (why, and
+    what public API would replace it)."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    start = text.index("## Frameworks")
+    frameworks = text[start:text.index("\n## ", start + 1)]
+    names = [touch.split(" ")[2] if touch.startswith("import of") else
+             touch.split(" ")[1] if touch.startswith(("attribute", "names")) else
+             touch.split(" ")[1].split("(")[0]
+             for touches in EXPECTED_TOUCHES.values() for touch in touches]
+    assert len(names) > 10
+    assert [n for n in names if n not in frameworks] == []

@@ -222,3 +222,17 @@ def test_checking_an_experiment_s_state_files_executes_none_of_them(tmp_path, na
     (folder / name).write_bytes(pickle.dumps(Planted(flag)))
     saved_by_tune(folder)
     assert not flag.exists()
+
+
+def test_the_adapter_s_bookkeeping_keys_and_metadata_file_are_the_installed_tune_s() -> None:
+    """The adapter spells out the keys Tune documents and asks Checkpoint for its metadata file;
+    here they are compared with the installed Tune's own constants, so that a Tune that adds a
+    key (which would be recorded as a metric) is a failing test."""
+    from ray.train._checkpoint import _METADATA_FILE_NAME
+    from ray.tune.result import AUTO_RESULT_KEYS
+
+    from studies.frameworks.tune import BOOKKEEPING, METADATA_FILE
+
+    installed = {*AUTO_RESULT_KEYS, "done", "trial_id", "should_checkpoint", "experiment_tag"}
+    assert installed == BOOKKEEPING
+    assert METADATA_FILE == _METADATA_FILE_NAME

@@ -1,13 +1,15 @@
-"""Ray's internals that the platform relies on (tested with Ray 2.60.0).
+"""Ray's internals and version conventions that the platform relies on (tested with Ray 2.60.0).
 
 Everything about starting, joining and authenticating to a Ray cluster that Ray's public API
 cannot do: keeping a loopback address as given (Ray replaces 127.0.0.1 by the machine's address,
-where a loopback-only instance does not listen), Ray's token files, the address file that
-``ray start`` writes and ``--address auto`` reads, the lines and files by which a node
-started with ``ray start`` tells that it runs, and where the autoscaler of a cluster keeps the
-node types it can add (:func:`autoscaler_config_file`) and the nodes it is adding
-(:func:`pending_nodes`). The modules that use them
-(:mod:`studies.launcher`, :mod:`studies.connection`) use Ray's public API for the rest.
+where a loopback-only instance does not listen), the address file that ``ray start`` writes and
+``--address auto`` reads, the lines and files by which a node started with ``ray start`` tells
+that it runs, and where the autoscaler of a cluster keeps the node types it can add
+(:func:`autoscaler_config_file`) and the nodes it is adding (:func:`pending_nodes`). Token
+authentication goes through Ray's documented variable and token file (:func:`ensure_token`,
+:func:`auth_environment`), but for the driver's own process (:func:`send_token_if_present`).
+The modules that use them (:mod:`studies.launcher`, :mod:`studies.connection`) use Ray's public
+API for the rest.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import contextlib
 import ipaddress
 import json
 import os
+import secrets
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -54,6 +57,10 @@ MONITOR_SCRIPTS = (os.path.join("autoscaler", "_private", "monitor.py"),
                    os.path.join("autoscaler", "v2", "monitor.py"))
 MONITOR_GCS_OPTION = "--gcs-address="
 MONITOR_CONFIG_OPTION = "--autoscaling-config="
+# Ray's token authentication (docs.ray.io, "Token authentication"): this variable's "token" or
+# "disabled"; the token from RAY_AUTH_TOKEN, else the file RAY_AUTH_TOKEN_PATH names, else
+# ~/.ray/auth_token.
+AUTH_MODE_VARIABLE = "RAY_AUTH_MODE"
 
 
 def _reaching(what: str) -> contextlib.AbstractContextManager[None]:
@@ -61,8 +68,6 @@ def _reaching(what: str) -> contextlib.AbstractContextManager[None]:
 
 
 # Ray's internals, reached once when this module is imported: one that moved is one line.
-with _reaching("ray._private.utils.read_ray_address"):
-    from ray._private.utils import read_ray_address
 with _reaching("ray._private.services.resolve_ip_for_localhost"):
     from ray._private import services
 with _reaching("ray._private.authentication.authentication_token_setup"):
@@ -80,8 +85,12 @@ with _reaching("ray.experimental.internal_kv._internal_kv_get"):
 
 def recorded_address() -> str | None:
     """The address of the cluster that ``ray start`` last started on this machine (what Ray's
-    ``address="auto"`` reads), or ``None``."""
-    return read_ray_address() or None
+    ``address="auto"`` reads): the file :data:`ADDRESS_FILE` in Ray's default temp folder
+    (``$RAY_TMPDIR/ray``, else ``$TMPDIR/ray``, else ``/tmp/ray``), or ``None``."""
+    root = os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp"
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        return (Path(root) / "ray" / ADDRESS_FILE).read_text().strip() or None
+    return None
 
 
 @contextlib.contextmanager
@@ -97,20 +106,39 @@ def loopback_stays_loopback() -> Iterator[None]:
         services.resolve_ip_for_localhost = original
 
 
-def enable_token_auth() -> bool:
-    """Token authentication for a new instance, as ``ray.init`` does it (unless RAY_AUTH_MODE
-    says otherwise): this process and its children use it, and the token file is created if
-    missing. Returns whether token authentication is on."""
-    with _reaching("ray._private.authentication.authentication_token_setup"):
-        if not auth.enable_token_auth_by_default():
-            return False
-        auth.ensure_token_if_auth_enabled(None, create_token_if_missing=True)
-    return True
+def token_auth_wanted() -> bool:
+    """Whether a new instance authenticates with a token: Ray's default for a new local cluster,
+    unless :data:`AUTH_MODE_VARIABLE` says otherwise."""
+    mode = os.environ.get(AUTH_MODE_VARIABLE)
+    return mode is None or mode.lower() == "token"
+
+
+def ensure_token() -> None:
+    """Create the token file (readable by this user only, 256 random bits as Ray makes them)
+    when Ray would find no token (:func:`local_token`)."""
+    if local_token() is not None:
+        return
+    path = token_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as f:
+        f.write(secrets.token_hex(32))
+
+
+def auth_environment() -> dict[str, str]:
+    """The variables a ``ray start`` launched here needs to authenticate as Ray would on its
+    own (``ray start --head`` and ``ray.init(address="auto")`` turn token authentication on
+    when a token exists and :data:`AUTH_MODE_VARIABLE` is unset; a node joining with
+    ``--address`` does not): that variable set to ``token`` then, else nothing."""
+    if AUTH_MODE_VARIABLE not in os.environ and local_token() is not None:
+        return {AUTH_MODE_VARIABLE: "token"}
+    return {}
 
 
 def send_token_if_present() -> None:
-    """Send the local token when joining a cluster, also with an explicit address (Ray itself
-    does only for ``auto``)."""
+    """Send the local token when connecting to a cluster, also with an explicit address, as
+    Ray itself does for ``auto`` only: token authentication on for this process (its cached
+    configuration included) when a token exists and :data:`AUTH_MODE_VARIABLE` is unset."""
     with _reaching("ray._private.authentication.authentication_token_setup"):
         auth.maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
 

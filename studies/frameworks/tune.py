@@ -3,18 +3,17 @@ with Ray Tune 2.60.0).
 
 - :func:`labelled_trainable`: Tune's function-trainable class, subclassed so that the
   dashboard names each trial's actor and a trial whose saved checkpoint is gone starts without it;
-- :data:`METADATA_FILE`: the file in which a checkpoint keeps its metadata;
+- :data:`METADATA_FILE`: the file in which a checkpoint keeps its metadata (asked of
+  ``Checkpoint.set_metadata``); :data:`BOOKKEEPING`: the keys Tune adds to every result (not
+  metrics of the trial; Tune's documented auto-filled metrics and its own keys);
 - :class:`EpochJsonLogger`, :class:`EpochCsvLogger`: Tune's result files, each epoch once (they
   use the loggers' own record of open files);
-- :data:`BOOKKEEPING`: the keys Tune adds to every result (not metrics of the trial);
 - :func:`saved_by_tune`: the files in which Tune saves an experiment, and whether they are whole
   (read without executing them); :func:`newest_searcher_state`: the one a restore reads;
 - :func:`trial_folder`: how Tune names a trial's folder in the experiment;
 - :func:`trial_error`: where Tune writes a failed trial's error before it syncs it;
   :func:`trial_exception`: the same error as the exception the trial raised;
   :func:`raised_in_callback`: how an exception raised in a callback comes out of ``fit``;
-- :func:`storage_marker`: the file by which Tune's driver marks an experiment's storage, which
-  every node that shares the storage sees;
 - :func:`quiet_retried_syncs`: the logger and the text of one harmless warning of Tune's syncer;
 - :func:`sigint_handler_restored`: Tune's SIGINT handler, left installed after ``fit``.
 """
@@ -30,6 +29,7 @@ import os
 import pickle
 import pickletools
 import signal
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -37,7 +37,6 @@ from typing import Any
 
 import pyarrow.fs
 import ray
-import ray.cloudpickle
 from ray import tune
 from ray.tune.error import TuneError
 from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
@@ -65,18 +64,29 @@ def _reaching(what: str) -> contextlib.AbstractContextManager[None]:
 
 
 # Tune's internals, reached once when this module is imported: one that moved is one line.
-with _reaching("ray.tune.result.AUTO_RESULT_KEYS"):
-    from ray.tune.result import AUTO_RESULT_KEYS
-with _reaching("ray.train._checkpoint._METADATA_FILE_NAME"):
-    from ray.train._checkpoint import _METADATA_FILE_NAME
 with _reaching("ray.tune.trainable.function_trainable.wrap_function"):
     from ray.tune.trainable.function_trainable import wrap_function
-with _reaching("ray.train._internal.storage._VALIDATE_STORAGE_MARKER_FILENAME"):
-    from ray.train._internal.storage import _VALIDATE_STORAGE_MARKER_FILENAME as STORAGE_MARKER
 
-# the keys Tune adds to a trial's reported metrics
-BOOKKEEPING = frozenset({*AUTO_RESULT_KEYS, "done", "trial_id", "should_checkpoint", "experiment_tag"})
-METADATA_FILE = _METADATA_FILE_NAME  # Checkpoint.set_metadata writes this file into the checkpoint
+# The keys Tune adds to every result a trial reports: its auto-filled metrics (Tune's guide
+# "Callbacks & Metrics", Trainable.get_auto_filled_metrics), the checkpoint's folder and its
+# own bookkeeping. tests/test_frameworks_tune.py compares them with the installed Tune's.
+BOOKKEEPING = frozenset({
+    "training_iteration", "time_this_iter_s", "time_total_s", "timestamp", "date", "pid",
+    "hostname", "node_ip", "config", "time_since_restore", "timesteps_since_restore",
+    "iterations_since_restore", "timesteps_total", "episodes_total", CHECKPOINT_DIR,
+    "done", "trial_id", "should_checkpoint", "experiment_tag"})
+
+
+def _metadata_file() -> str:
+    """The file in which ``Checkpoint.set_metadata`` keeps a checkpoint's metadata, found by
+    asking it once in an empty folder."""
+    with tempfile.TemporaryDirectory(prefix="icr-checkpoint-") as folder:
+        tune.Checkpoint.from_directory(folder).set_metadata({})
+        (name,) = os.listdir(folder)
+    return name
+
+
+METADATA_FILE = _metadata_file()
 
 
 def labelled_trainable(fn: Callable[[dict[str, Any]], Any], label: Callable[[str, Any], str]) -> type:
@@ -98,7 +108,7 @@ def labelled_trainable(fn: Callable[[dict[str, Any]], Any], label: Callable[[str
     """
     with _reaching("ray.tune.trainable.function_trainable.wrap_function"):
         base = wrap_function(fn)
-        name = base._name
+    name = getattr(fn, "__name__", "func")  # the trainable's name, as Tune names a function's
 
     class LabelledTrial(base):  # type: ignore[misc,valid-type]
         def __repr__(self) -> str:
@@ -263,7 +273,7 @@ def trial_exception(trial: Any) -> BaseException | None:
         return None
     try:
         with open(path, "rb") as f:
-            error = ray.cloudpickle.load(f)  # as Trial.handle_error wrote it
+            error = pickle.load(f)  # cloudpickle's output (Trial.handle_error), a plain pickle
     except Exception:  # noqa: BLE001 - a class that no longer unpickles: no exception to read
         return None
     return error if isinstance(error, BaseException) else None
@@ -276,13 +286,6 @@ def raised_in_callback(error: BaseException) -> BaseException | None:
     if isinstance(error, TuneError) and isinstance(error.__context__, Exception):
         return error.__context__
     return None
-
-
-def storage_marker(experiment: str) -> str:
-    """The file that Tune's driver writes into an experiment's storage folder when the Tuner
-    starts (``StorageContext`` checks for it before it copies a checkpoint): a node that sees
-    it shares the driver's storage."""
-    return storage.join(experiment, STORAGE_MARKER)
 
 
 @contextlib.contextmanager
