@@ -4,6 +4,7 @@ installed MLflow cannot open is refused in one line."""
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -481,3 +482,63 @@ def test_a_run_says_how_its_steps_ran_and_when_they_fell_back(tracker):
     assert sorted((m.step, m.value) for m in history) == [(1, 6.0), (2, 100.0)]
     assert step_tags({"epoch": 1}) == {}
     assert step_tags({"steps": captured})["steps.shapes"] == "tokens 128x16; tokens 128x24"
+
+
+class _LoggedTrial:
+    """A trial as Tune's result-file loggers see it (fake, no Ray): hashable, with its folder
+    and no checkpoint in Tune's saved state (so the loggers restore nothing from storage)."""
+
+    def __init__(self, trial_id: str, folder: Path, config: dict) -> None:
+        self.trial_id, self.local_path, self.config = trial_id, str(folder), config
+        self.checkpoint, self.last_result = None, None
+        self.init_local_path()
+
+    def init_local_path(self) -> None:
+        Path(self.local_path).mkdir(parents=True, exist_ok=True)
+
+
+@pytest.mark.parametrize(("in_mlflow", "in_file"), [((1, 2), (1,)), ((1,), (1, 2))],
+                         ids=["mlflow-ahead", "file-ahead"])
+def test_a_replayed_epoch_reaches_each_store_that_lacks_it(tracker, tmp_path, in_mlflow, in_file):
+    """A driver killed between two writes of an epoch leaves MLflow and Tune's result file at
+    different epochs: MLflow's record is written when Tune has saved the epoch's checkpoint,
+    the file's row when its result arrives, and the file reaches the storage only with Tune's
+    background copy. The restored trial reports its resume point's epoch (2) again; each store
+    writes it only where it lacks it, so neither store's last epoch can stand for the other's."""
+    from studies.frameworks.tune import EpochCsvLogger, EpochJsonLogger
+
+    parent = tracker.create_run("study", {"icr.role": "study"})
+    trial = _LoggedTrial("t0", tmp_path / "trial", _trial_config(0.1))
+
+    def result(epoch: int) -> dict:
+        return {"epoch": epoch, "val_rsum": 100.0 + epoch, "trajectory": [], "artifacts": [],
+                "final": False}
+
+    def driver() -> tuple[MlflowTrialCallback, EpochJsonLogger, EpochCsvLogger]:
+        return (MlflowTrialCallback(tracker, parent, {"study": "t"}, {"lag": "fp"}, {"lag": 3}),
+                EpochJsonLogger(), EpochCsvLogger())
+
+    recorder, json_log, csv_log = driver()  # the killed driver: each store got what it got
+    for epoch in range(1, 3):
+        if epoch in in_file:
+            json_log.on_trial_result(0, [trial], trial, result(epoch))
+            csv_log.on_trial_result(0, [trial], trial, result(epoch))
+        if epoch in in_mlflow:
+            recorder.on_trial_result(0, [trial], trial, result(epoch))
+    for logger in (json_log, csv_log):
+        logger.on_trial_error(0, [trial], trial)
+    assert tracker.flush() == 0
+
+    recorder, json_log, csv_log = driver()  # the next driver, and the replayed epoch
+    for callback in (recorder, json_log, csv_log):
+        callback.on_trial_start(0, [trial], trial)
+        callback.on_trial_result(0, [trial], trial, result(2))
+    for logger in (json_log, csv_log):
+        logger.on_trial_complete(0, [trial], trial)
+    assert tracker.flush() == 0
+    history = tracker.client.get_metric_history(recorder.run_id(trial), "val_rsum")
+    assert sorted((m.step, m.value) for m in history) == [(1, 101.0), (2, 102.0)]
+    rows = (Path(trial.local_path) / "result.json").read_text().splitlines()
+    assert [json.loads(row)["epoch"] for row in rows] == [1, 2]
+    progress = (Path(trial.local_path) / "progress.csv").read_text().splitlines()
+    assert [row.split(",")[0] for row in progress] == ["epoch", "1", "2"]
