@@ -9,6 +9,7 @@ import logging
 import math
 import os
 import re
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -485,16 +486,28 @@ def test_a_run_says_how_its_steps_ran_and_when_they_fell_back(tracker):
 
 
 class _LoggedTrial:
-    """A trial as Tune's result-file loggers see it (fake, no Ray): hashable, with its folder
-    and no checkpoint in Tune's saved state (so the loggers restore nothing from storage)."""
+    """A trial as Tune's result-file loggers see it (fake, no Ray): hashable, with the driver's
+    staging folder, where the loggers write, and its folder in the storage, from which they
+    restore their files when Tune's saved state gives the trial a checkpoint."""
 
-    def __init__(self, trial_id: str, folder: Path, config: dict) -> None:
-        self.trial_id, self.local_path, self.config = trial_id, str(folder), config
-        self.checkpoint, self.last_result = None, None
+    def __init__(self, trial_id: str, staging: Path, storage: Path, config: dict,
+                 checkpoint: object = None) -> None:
+        import pyarrow.fs
+
+        self.trial_id, self.local_path, self.config = trial_id, str(staging), config
+        self.checkpoint, self.last_result = checkpoint, None
+        self.storage = SimpleNamespace(trial_fs_path=str(storage),
+                                       storage_filesystem=pyarrow.fs.LocalFileSystem())
         self.init_local_path()
 
     def init_local_path(self) -> None:
         Path(self.local_path).mkdir(parents=True, exist_ok=True)
+
+    def __hash__(self) -> int:
+        return hash(self.trial_id)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _LoggedTrial) and other.trial_id == self.trial_id
 
 
 @pytest.mark.parametrize(("in_mlflow", "in_file"), [((1, 2), (1,)), ((1,), (1, 2))],
@@ -504,11 +517,15 @@ def test_a_replayed_epoch_reaches_each_store_that_lacks_it(tracker, tmp_path, in
     different epochs: MLflow's record is written when Tune has saved the epoch's checkpoint,
     the file's row when its result arrives, and the file reaches the storage only with Tune's
     background copy. The restored trial reports its resume point's epoch (2) again; each store
-    writes it only where it lacks it, so neither store's last epoch can stand for the other's."""
+    writes it only where it lacks it, so neither store's last epoch can stand for the other's.
+    A new driver's loggers read the files Tune copies back from the storage when they open
+    them (``progress.csv`` got epoch 2 twice when its last epoch was read before)."""
     from studies.frameworks.tune import EpochCsvLogger, EpochJsonLogger
 
     parent = tracker.create_run("study", {"icr.role": "study"})
-    trial = _LoggedTrial("t0", tmp_path / "trial", _trial_config(0.1))
+    storage = tmp_path / "storage"
+    storage.mkdir()
+    trial = _LoggedTrial("t0", tmp_path / "staging-1", storage, _trial_config(0.1))
 
     def result(epoch: int) -> dict:
         return {"epoch": epoch, "val_rsum": 100.0 + epoch, "trajectory": [], "artifacts": [],
@@ -528,8 +545,13 @@ def test_a_replayed_epoch_reaches_each_store_that_lacks_it(tracker, tmp_path, in
     for logger in (json_log, csv_log):
         logger.on_trial_error(0, [trial], trial)
     assert tracker.flush() == 0
+    for name in ("result.json", "progress.csv"):  # Tune's background copy to the storage
+        shutil.copy(Path(trial.local_path) / name, storage / name)
 
-    recorder, json_log, csv_log = driver()  # the next driver, and the replayed epoch
+    # The next driver: a staging folder of its own, the trial restored with a checkpoint (so
+    # the loggers copy their files back from the storage), and the replayed epoch.
+    trial = _LoggedTrial("t0", tmp_path / "staging-2", storage, _trial_config(0.1), "checkpoint")
+    recorder, json_log, csv_log = driver()
     for callback in (recorder, json_log, csv_log):
         callback.on_trial_start(0, [trial], trial)
         callback.on_trial_result(0, [trial], trial, result(2))
