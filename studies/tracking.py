@@ -511,6 +511,18 @@ class MlflowTrialCallback(Callback):
 
     An epoch reported without a checkpoint is recorded when its result arrives; one reported
     with a checkpoint once Tune has saved the checkpoint (:meth:`on_checkpoint`).
+
+    Each epoch once. Three stores hold an epoch, each written at its own moment: the trial's
+    checkpoint mark first (in the worker; where a restored trial continues,
+    :func:`studies.trainable.resume_point`), Tune's result files when the result arrives (they
+    reach the storage with Tune's background copy), and this run once Tune has saved the
+    checkpoint. A killed driver leaves them at different epochs, and a restored trial reports
+    one epoch again: its resume point's, when Tune's saved state lost it. Each store writes
+    that epoch only where it lacks it: this run above its last recorded epoch (read from MLflow
+    when the run is first opened), Tune's files above their last row
+    (:class:`studies.frameworks.tune.EpochJsonLogger`). Neither can stand for the other: MLflow
+    may hold the epoch while the copied file lacks it, or the reverse
+    (``tests/test_tracking.py``: a replayed epoch reaches each store that lacks it).
     """
 
     def __init__(

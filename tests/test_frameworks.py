@@ -241,9 +241,11 @@ EXPECTED_TOUCHES = {
         "names ray._private.services",
     ],
     "tune.py": [
-        "attribute ._trial_files",
-        "class EpochCsvLogger(CSVLoggerCallback) defines __init__, _last_epoch, log_trial_result",
-        "class EpochJsonLogger(JsonLoggerCallback) defines __init__, _last_epoch, log_trial_result",
+        "attribute ._setup_trial",
+        "class EpochCsvLogger(CSVLoggerCallback) defines __init__, _last_epoch, _open, "
+        "log_trial_end, log_trial_result, log_trial_start",
+        "class EpochJsonLogger(JsonLoggerCallback) defines __init__, _last_epoch, _open, "
+        "log_trial_end, log_trial_result, log_trial_start",
         "class LabelledTrial(wrap_function()) defines __repr__, restore",
         "import of ray.tune.trainable.function_trainable.wrap_function",
         "names ray.train._internal.syncer",

@@ -6,6 +6,7 @@ subprocess that joins it by address.
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import re
@@ -616,6 +617,12 @@ def result_epochs(trial_folder: Path) -> list[int]:
             (trial_folder / "result.json").read_text().splitlines() if line.strip()]
 
 
+def progress_epochs(trial_folder: Path) -> list[int]:
+    """The epochs of the rows of a trial's progress.csv, in order."""
+    with open(trial_folder / "progress.csv", newline="") as f:
+        return [int(float(row["epoch"])) for row in csv.DictReader(f)]
+
+
 def test_a_trial_whose_saved_checkpoint_was_superseded_finishes_from_its_newest(
         cluster, tmp_path: Path) -> None:
     """SIGKILL of the driver as a confirmation run's last epoch was recorded: Tune's saved state
@@ -669,7 +676,7 @@ def test_a_trial_whose_saved_checkpoint_was_superseded_finishes_from_its_newest(
     assert main(args, backend=Backend(fit, fake_prepare), extra_studies={"fake": study}) == 0
     (run,) = child_runs(workspace).query("phase == 'confirm'").itertuples()
     assert run.status == "FINISHED" and run.steps == [1, 2]
-    assert result_epochs(trial) == [1, 2]  # no row twice
+    assert result_epochs(trial) == [1, 2] == progress_epochs(trial)  # no row twice
     assert set(records.glob("*.json")) == calls  # it had ended: nothing trained again
     assert "did not finish" not in (workspace / "reports" / "fake" / "table1.md").read_text()
 

@@ -4,10 +4,12 @@ installed MLflow cannot open is refused in one line."""
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
 import re
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -558,3 +560,84 @@ def test_a_run_says_how_its_steps_ran_and_when_they_fell_back(tracker):
     assert sorted((m.step, m.value) for m in history) == [(1, 6.0), (2, 100.0)]
     assert step_tags({"epoch": 1}) == {}
     assert step_tags({"steps": captured})["steps.shapes"] == "tokens 128x16; tokens 128x24"
+
+
+class _LoggedTrial:
+    """A trial as Tune's result-file loggers see it (fake, no Ray): hashable, with the driver's
+    staging folder, where the loggers write, and its folder in the storage, from which they
+    restore their files when Tune's saved state gives the trial a checkpoint."""
+
+    def __init__(self, trial_id: str, staging: Path, storage: Path, config: dict,
+                 checkpoint: object = None) -> None:
+        import pyarrow.fs
+
+        self.trial_id, self.local_path, self.config = trial_id, str(staging), config
+        self.checkpoint, self.last_result = checkpoint, None
+        self.storage = SimpleNamespace(trial_fs_path=str(storage),
+                                       storage_filesystem=pyarrow.fs.LocalFileSystem())
+        self.init_local_path()
+
+    def init_local_path(self) -> None:
+        Path(self.local_path).mkdir(parents=True, exist_ok=True)
+
+    def __hash__(self) -> int:
+        return hash(self.trial_id)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _LoggedTrial) and other.trial_id == self.trial_id
+
+
+@pytest.mark.parametrize(("in_mlflow", "in_file"), [((1, 2), (1,)), ((1,), (1, 2))],
+                         ids=["mlflow-ahead", "file-ahead"])
+def test_a_replayed_epoch_reaches_each_store_that_lacks_it(tracker, tmp_path, in_mlflow, in_file):
+    """A driver killed between two writes of an epoch leaves MLflow and Tune's result file at
+    different epochs: MLflow's record is written when Tune has saved the epoch's checkpoint,
+    the file's row when its result arrives, and the file reaches the storage only with Tune's
+    background copy. The restored trial reports its resume point's epoch (2) again; each store
+    writes it only where it lacks it, so neither store's last epoch can stand for the other's.
+    A new driver's loggers read the files Tune copies back from the storage when they open
+    them (``progress.csv`` got epoch 2 twice when its last epoch was read before)."""
+    from studies.frameworks.tune import EpochCsvLogger, EpochJsonLogger
+
+    parent = tracker.create_run("study", {"icr.role": "study"})
+    storage = tmp_path / "storage"
+    storage.mkdir()
+    trial = _LoggedTrial("t0", tmp_path / "staging-1", storage, _trial_config(0.1))
+
+    def result(epoch: int) -> dict:
+        return {"epoch": epoch, "val_rsum": 100.0 + epoch, "trajectory": [], "artifacts": [],
+                "final": False}
+
+    def driver() -> tuple[MlflowTrialCallback, EpochJsonLogger, EpochCsvLogger]:
+        return (MlflowTrialCallback(tracker, parent, {"study": "t"}, {"lag": "fp"}, {"lag": 3}),
+                EpochJsonLogger(), EpochCsvLogger())
+
+    recorder, json_log, csv_log = driver()  # the killed driver: each store got what it got
+    for epoch in range(1, 3):
+        if epoch in in_file:
+            json_log.on_trial_result(0, [trial], trial, result(epoch))
+            csv_log.on_trial_result(0, [trial], trial, result(epoch))
+        if epoch in in_mlflow:
+            recorder.on_trial_result(0, [trial], trial, result(epoch))
+    for logger in (json_log, csv_log):
+        logger.on_trial_error(0, [trial], trial)
+    assert tracker.flush() == 0
+    for name in ("result.json", "progress.csv"):  # Tune's background copy to the storage
+        shutil.copy(Path(trial.local_path) / name, storage / name)
+
+    # The next driver: a staging folder of its own, the trial restored with a checkpoint (so
+    # the loggers copy their files back from the storage), and the replayed epoch.
+    trial = _LoggedTrial("t0", tmp_path / "staging-2", storage, _trial_config(0.1), "checkpoint")
+    recorder, json_log, csv_log = driver()
+    for callback in (recorder, json_log, csv_log):
+        callback.on_trial_start(0, [trial], trial)
+        callback.on_trial_result(0, [trial], trial, result(2))
+    for logger in (json_log, csv_log):
+        logger.on_trial_complete(0, [trial], trial)
+    assert tracker.flush() == 0
+    history = tracker.client.get_metric_history(recorder.run_id(trial), "val_rsum")
+    assert sorted((m.step, m.value) for m in history) == [(1, 101.0), (2, 102.0)]
+    rows = (Path(trial.local_path) / "result.json").read_text().splitlines()
+    assert [json.loads(row)["epoch"] for row in rows] == [1, 2]
+    progress = (Path(trial.local_path) / "progress.csv").read_text().splitlines()
+    assert [row.split(",")[0] for row in progress] == ["epoch", "1", "2"]

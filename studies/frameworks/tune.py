@@ -6,8 +6,8 @@ with Ray Tune 2.60.0).
 - :data:`METADATA_FILE`: the file in which a checkpoint keeps its metadata (asked of
   ``Checkpoint.set_metadata``); :data:`BOOKKEEPING`: the keys Tune adds to every result (not
   metrics of the trial; Tune's documented auto-filled metrics and its own keys);
-- :class:`EpochJsonLogger`, :class:`EpochCsvLogger`: Tune's result files, each epoch once (they
-  use the loggers' own record of open files);
+- :class:`EpochJsonLogger`, :class:`EpochCsvLogger`: Tune's result files, each epoch once (the
+  CSV logger opens its file with the private ``_setup_trial``, where Tune copies it back);
 - :func:`saved_by_tune`: the files in which Tune saves an experiment, and whether they are whole
   (read without executing them); :func:`newest_searcher_state`: the one a restore reads;
 - :func:`trial_folder`: how Tune names a trial's folder in the experiment;
@@ -140,17 +140,22 @@ class _OncePerEpoch:
     A restored trial reports again the result of a checkpoint that Tune's saved state lost
     (:func:`studies.trainable.resume_point`), which the trial's file may hold already (the
     driver had logged it before it was killed): Tune's loggers would append it a second time.
+    The file's last epoch is read each time Tune's logger opens the file, after Tune has
+    copied it back from the storage (when its saved state gives the trial a checkpoint): a new
+    driver reads what the last one left, not its own empty staging folder.
     """
 
     def __init__(self) -> None:
         super().__init__()
-        self._logged: dict[str, float] = {}  # trial id -> the last epoch in its file
+        self._logged: dict[str, float] = {}  # trial id -> the last epoch in its open file
+
+    def log_trial_start(self, trial: Any) -> None:
+        self._open(trial)
+        self._logged[trial.trial_id] = self._last_epoch(Path(trial.local_path))
 
     def log_trial_result(self, iteration: int, trial: Any, result: dict) -> None:
-        if trial not in self._trial_files:
-            self.log_trial_start(trial)  # brings the trial's file back from storage
         if trial.trial_id not in self._logged:
-            self._logged[trial.trial_id] = self._last_epoch(Path(trial.local_path))
+            self.log_trial_start(trial)
         epoch = result.get("epoch")
         if isinstance(epoch, int | float) and epoch <= self._logged[trial.trial_id]:
             return
@@ -158,12 +163,23 @@ class _OncePerEpoch:
         if isinstance(epoch, int | float):
             self._logged[trial.trial_id] = epoch
 
+    def log_trial_end(self, trial: Any, failed: bool = False) -> None:
+        super().log_trial_end(trial, failed)
+        self._logged.pop(trial.trial_id, None)  # opened and read again if it restarts
+
+    def _open(self, trial: Any) -> None:
+        """Tune's logger opens the trial's file to append, copied back from the storage."""
+        raise NotImplementedError
+
     def _last_epoch(self, folder: Path) -> float:
         raise NotImplementedError
 
 
 class EpochJsonLogger(_OncePerEpoch, JsonLoggerCallback):
     """Tune's ``result.json`` (what ResultGrid reads), each epoch once."""
+
+    def _open(self, trial: Any) -> None:
+        JsonLoggerCallback.log_trial_start(self, trial)
 
     def _last_epoch(self, folder: Path) -> float:
         last = float("-inf")
@@ -176,6 +192,9 @@ class EpochJsonLogger(_OncePerEpoch, JsonLoggerCallback):
 
 class EpochCsvLogger(_OncePerEpoch, CSVLoggerCallback):
     """Tune's ``progress.csv``, each epoch once."""
+
+    def _open(self, trial: Any) -> None:
+        self._setup_trial(trial)  # Tune opens it only here (its log_trial_start does nothing)
 
     def _last_epoch(self, folder: Path) -> float:
         last = float("-inf")
