@@ -37,3 +37,16 @@ def cluster():
     info = connection.connect(num_cpus=2, dashboard=False)
     yield info
     connection.disconnect(info)
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    """moto's S3 server on 127.0.0.1 for the module's tests (skipped where moto is not
+    installed), its credentials in this process's environment."""
+    from servers import S3_CREDENTIALS, s3_server
+
+    with pytest.MonkeyPatch.context() as env:
+        for name, value in S3_CREDENTIALS.items():
+            env.setenv(name, value)
+        with s3_server(tmp_path_factory.mktemp("s3")) as server:
+            yield server

@@ -229,18 +229,6 @@ def test_a_trial_copies_the_folder_on_its_node_or_names_the_node(published: Path
 # --- on an S3-compatible server ---------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    """moto's S3 server on 127.0.0.1, its credentials in this process's environment."""
-    from servers import S3_CREDENTIALS, s3_server
-
-    with pytest.MonkeyPatch.context() as env:
-        for name, value in S3_CREDENTIALS.items():
-            env.setenv(name, value)
-        with s3_server(tmp_path_factory.mktemp("s3")) as server:
-            yield server
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_a_study_reads_its_features_from_a_bucket(s3, published: Path, tmp_path: Path,

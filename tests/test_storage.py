@@ -108,18 +108,6 @@ def test_a_study_joining_a_cluster_that_can_grow_is_refused_before_any_run(
 # --- reading and writing it through its URI's file system --------------------------------------
 
 
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    """moto's S3 server on 127.0.0.1, its credentials in this process's environment."""
-    from servers import S3_CREDENTIALS, s3_server
-
-    with pytest.MonkeyPatch.context() as env:
-        for name, value in S3_CREDENTIALS.items():
-            env.setenv(name, value)
-        with s3_server(tmp_path_factory.mktemp("s3")) as server:
-            yield server
-
-
 def test_sub_paths_are_joined_before_a_uri_s_query() -> None:
     query = "endpoint_override=127.0.0.1:9000&scheme=http"
     assert storage.join(f"s3://b/p?{query}", "ltd_bound", "run") == f"s3://b/p/ltd_bound/run?{query}"
