@@ -19,7 +19,10 @@ per-epoch scores) with their run ids.
   deviation. Only trials that ran the full budget count (Optuna's COMPLETE): a trial ASHA
   stopped has a value from an earlier epoch, and a forest fitted to values of different epochs
   would credit to a key what is only the length of training; Optuna's estimators read COMPLETE
-  trials only for the same reason. A key a trial's configuration does not use (``loss.tau``
+  trials only for the same reason. Where too few ran the full budget (ASHA stops most trials
+  of a small search early), the estimate is made at the deepest epoch that enough trials
+  reached, from each one's score at that epoch: values of one epoch, as ASHA compares them at
+  its rungs; the report names that epoch. A key a trial's configuration does not use (``loss.tau``
   under the triplet loss) is absent from that trial; such a conditional key is estimated among
   the trials that use it, together with the keys those trials share.
 - **Pareto front** (:func:`pareto_front`): with a second objective to minimise (a study's
@@ -135,6 +138,8 @@ class SearchTrial:
         params: the searched keys its configuration uses, with their values.
         value: the objective at its last epoch (``None`` if it reported none).
         cost: the second objective (the mean of the cost metric over its epochs), if declared.
+        scores: the objective at each epoch it reported (``scores[e - 1]``: at epoch ``e``;
+            ``None`` where it reported none).
     """
 
     run_id: str
@@ -146,6 +151,7 @@ class SearchTrial:
     cost: float | None = None
     condition: str = ""
     phase: str = "search"
+    scores: tuple[float | None, ...] = ()
 
 
 def search_trials(runs: RunSet, condition: str, metric: str, keys: Iterable[str],
@@ -168,8 +174,14 @@ def search_trials(runs: RunSet, condition: str, metric: str, keys: Iterable[str]
             spent = float(np.mean(series)) if series else None
         out.append(SearchTrial(str(row["run_id"]), str(row["run_name"]), state, params,
                                _finite_or_none(row.get(metric)), _epochs(row.get("epochs")), spent,
-                               condition, phase))
+                               condition, phase, _per_epoch(*runs.history(row["run_id"], metric))))
     return out
+
+
+def _per_epoch(steps: Sequence[int], values: Sequence[float]) -> tuple[float | None, ...]:
+    """A metric's series (its step is the epoch) as the value at each epoch from 1."""
+    by_epoch = {int(s): _finite_or_none(v) for s, v in zip(steps, values, strict=True)}
+    return tuple(by_epoch.get(e) for e in range(1, max(by_epoch, default=0) + 1))
 
 
 def _missing(value: Any) -> bool:
@@ -222,6 +234,8 @@ class Importance:
     needed: int  # finished trials the estimate needs
     keys: tuple[KeyImportance, ...] = ()  # most important first, conditional keys after
     note: str = ""  # '' when estimated
+    epoch: int = 0  # the epoch whose scores were used when too few ran the full budget; 0: theirs
+    counted: int = 0  # the trials the estimate used
 
 
 def needed_trials(keys: int) -> int:
@@ -235,20 +249,25 @@ def estimate_importance(trials: Sequence[SearchTrial], domains: Mapping[str, Dom
                         condition: str = "", *, evaluator: str = "fanova",
                         seeds: Sequence[int] = SEEDS) -> Importance:
     """The importance of each key of ``domains`` for the objective (``mode``: max or min), from
-    the COMPLETE ``trials`` (module docstring)."""
+    the COMPLETE ``trials``, or, where too few, from the scores of the deepest epoch enough
+    trials reached (:func:`at_deepest_epoch`; module docstring)."""
     if evaluator not in EVALUATORS:
         raise ConfigError(f"importance evaluator {evaluator!r}; known: {', '.join(EVALUATORS)}")
     finished = [t for t in trials if t.state == COMPLETE and t.value is not None]
-    common = _varying(finished, [k for k in domains if all(k in t.params for t in finished)])
     needed = needed_trials(len(domains))  # every searched key, whether it varied or not
-    base = Importance(condition, evaluator, len(finished), needed)
+    base = Importance(condition, evaluator, len(finished), needed, counted=len(finished))
     if len(finished) < needed:
-        return replace(base, note=f"{len(finished)} trial(s) ran the full budget; the estimate "
-                                f"needs {needed} (raise the budget)")
+        epoch, finished = at_deepest_epoch(trials, needed)
+        if not epoch:
+            return replace(base, note=f"{base.finished} trial(s) ran the full budget; the "
+                                    f"estimate needs {needed}, and no earlier epoch was reached "
+                                    f"by {needed} trials (raise the budget)")
+        base = replace(base, epoch=epoch, counted=len(finished))
+    common = _varying(finished, [k for k in domains if all(k in t.params for t in finished)])
     if len({t.value for t in finished}) == 1:
-        return replace(base, note="every full-budget trial scored the same: nothing to attribute")
+        return replace(base, note="every trial counted scored the same: nothing to attribute")
     if not common:
-        return replace(base, note="no searched key took two values among the full-budget trials")
+        return replace(base, note="no searched key took two values among the trials counted")
     estimated = list(_shares(finished, domains, common, mode, evaluator, seeds, conditional=False))
     for key in domains:
         if key in common:
@@ -262,6 +281,19 @@ def estimate_importance(trials: Sequence[SearchTrial], domains: Mapping[str, Dom
     # a conditional key's share is of the variance among the trials that use it: listed after
     estimated.sort(key=lambda k: (k.conditional, -k.mean, k.key))
     return replace(base, keys=tuple(estimated))
+
+
+def at_deepest_epoch(trials: Sequence[SearchTrial], needed: int) -> tuple[int, list[SearchTrial]]:
+    """The deepest epoch that at least ``needed`` trials (failed ones left out) reported a
+    score at, and those trials, each valued at that epoch (as COMPLETE: one study's values);
+    ``(0, [])`` when no epoch was reached by so many."""
+    usable = [t for t in trials if t.state != FAIL]
+    for epoch in range(max((len(t.scores) for t in usable), default=0), 0, -1):
+        reached = [replace(t, state=COMPLETE, value=t.scores[epoch - 1]) for t in usable
+                   if len(t.scores) >= epoch and t.scores[epoch - 1] is not None]
+        if len(reached) >= needed:
+            return epoch, reached
+    return 0, []
 
 
 def _varying(trials: Sequence[SearchTrial], keys: Sequence[str]) -> list[str]:
@@ -334,8 +366,10 @@ def optuna_study(trials: Sequence[SearchTrial], domains: Mapping[str, Domain],
 
 def importance_metrics(importance: Importance) -> dict[str, float]:
     """The parent run's metrics of one condition's importance: ``importance.<condition>.<key>``
-    (the mean over seeds) and ``importance_spread.<condition>.<key>`` (their std)."""
-    out = {}
+    (the mean over seeds) and ``importance_spread.<condition>.<key>`` (their std), and
+    ``importance_epoch.<condition>`` where the scores of an earlier epoch were used."""
+    out = {f"importance_epoch.{importance.condition}": float(importance.epoch)} if \
+        importance.epoch and importance.keys else {}
     for k in importance.keys:
         out[f"importance.{importance.condition}.{k.key}"] = round(k.mean, 4)
         out[f"importance_spread.{importance.condition}.{k.key}"] = round(k.std, 4)
@@ -344,9 +378,15 @@ def importance_metrics(importance: Importance) -> dict[str, float]:
 
 def importance_markdown(importance: Importance, label: str) -> str:
     """A condition's importance as a Markdown table, or the line saying why there is none."""
+    over = f"the {importance.counted} full-budget trial(s)"
+    if importance.epoch:
+        over = (f"the {importance.counted} trial(s) that reached epoch {importance.epoch}, each "
+                f"scored at that epoch ({importance.finished} ran the full budget, fewer than the "
+                f"{importance.needed} the estimate needs: the score after {importance.epoch} "
+                "epoch(s), not the final one)")
     head = (f"### Importance of the searched keys: {label}\n\n"
-            f"Share of the variance of the validation objective over the {importance.finished} "
-            f"full-budget trial(s), {_evaluator_name(importance.evaluator)}.\n\n")
+            f"Share of the variance of the validation objective over {over}, "
+            f"{_evaluator_name(importance.evaluator)}.\n\n")
     if importance.note:
         return head + f"No estimate: {importance.note}.\n"
     rows = ["| key | importance | spread over seeds | trials |", "|---|---:|---:|---:|"]

@@ -161,8 +161,9 @@ def parallel_figure(condition: str, label: str, trials: Sequence[SearchTrial],
 
 
 def importance_figure(importance: Importance, label: str) -> Figure:
+    at = f" (scores after epoch {importance.epoch}, not the full budget)" if importance.epoch else ""
     return Figure(f"importance_{importance.condition}",
-                  f"Importance of the searched keys: {label}", importance_bars(importance))
+                  f"Importance of the searched keys: {label}{at}", importance_bars(importance))
 
 
 def pareto_figure(front: Front, mode: str) -> Figure:

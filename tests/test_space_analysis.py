@@ -25,12 +25,14 @@ from studies.space_analysis import (  # noqa: E402
     FAIL,
     PRUNED,
     SearchTrial,
+    at_deepest_epoch,
     contains,
     domain_tags,
     domains_from_tags,
     estimate_importance,
     front_of,
     importance_markdown,
+    importance_metrics,
     needed_trials,
     observed_domains,
     pareto_front,
@@ -116,6 +118,45 @@ def test_too_few_full_budget_trials_give_a_line_not_a_number():
     text = importance_markdown(importance, "BL + LTD")
     assert "No estimate: 3 trial(s) ran the full budget; the estimate needs 6" in text
     assert "|" not in text
+
+
+def test_too_few_full_budget_trials_are_estimated_at_the_deepest_epoch_enough_reached():
+    """As in the embedded recipe: ASHA let 2 of 8 trials run the full budget, all 8 reached
+    epoch 1 and 3 epoch 2. One key searched (3 trials needed): estimated at epoch 2, from each
+    trial's score there; a key that decides the early scores ranks first."""
+    domains = {"objective.eta": DOMAINS["objective.eta"], "loss.name": DOMAINS["loss.name"]}
+    rng = random.Random(3)
+    trials = []
+    for i in range(12):
+        params = {"objective.eta": rng.uniform(0.05, 0.3), "loss.name": rng.choice(["infonce", "triplet"])}
+        early = [100 - 800 * (params["objective.eta"] - 0.17) ** 2 + e * 10 + rng.uniform(-0.5, 0.5)
+                 for e in range(4)]
+        depth = 4 if i < 2 else 2 if i < 5 else 1  # full budget, stopped at rung 2, at rung 1
+        trials.append(SearchTrial(f"r{i}", f"t{i}", COMPLETE if depth == 4 else PRUNED, params,
+                                  early[depth - 1], depth, scores=tuple(early[:depth])))
+    trials.append(SearchTrial("f", "f", FAIL, trials[0].params, None, 3, scores=(999.0, 999.0, 999.0)))
+    importance = estimate_importance(trials, domains, "max", "lagrangian", seeds=(0, 1))
+    assert needed_trials(2) == 4 and importance.finished == 2
+    assert importance.epoch == 2 and importance.counted == 5  # 2 full budget + 3 stopped at 2
+    assert [k.key for k in importance.keys][0] == "objective.eta"
+    text = importance_markdown(importance, "BL + LTD")
+    assert "over the 5 trial(s) that reached epoch 2, each scored at that epoch (2 ran the full " \
+           "budget, fewer than the 4 the estimate needs" in text
+    assert importance_metrics(importance)["importance_epoch.lagrangian"] == 2.0
+
+
+def test_the_deepest_epoch_values_each_trial_at_that_epoch_and_leaves_failures_out():
+    trials = [SearchTrial("a", "a", COMPLETE, {}, 3.0, 3, scores=(1.0, 2.0, 3.0)),
+              SearchTrial("b", "b", PRUNED, {}, 5.0, 2, scores=(4.0, 5.0)),
+              SearchTrial("c", "c", PRUNED, {}, 6.0, 1, scores=(6.0,)),
+              SearchTrial("d", "d", FAIL, {}, None, 2, scores=(7.0, 8.0)),
+              SearchTrial("e", "e", PRUNED, {}, None, 2, scores=(9.0, None))]
+    epoch, counted = at_deepest_epoch(trials, 2)
+    assert epoch == 2 and [(t.run_id, t.value, t.state) for t in counted] == \
+        [("a", 2.0, COMPLETE), ("b", 5.0, COMPLETE)]
+    epoch, counted = at_deepest_epoch(trials, 4)
+    assert epoch == 1 and [t.value for t in counted] == [1.0, 4.0, 6.0, 9.0]
+    assert at_deepest_epoch(trials, 5) == (0, [])
 
 
 def test_an_objective_that_never_varied_is_said_so():
