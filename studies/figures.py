@@ -241,6 +241,11 @@ def metric_vs_value(metric: str, key: str, condition: str, *, phase: str = "sear
                 ax.annotate(f"e{epochs}" if epochs not in ("", None) else "failed",
                             (value, 0.03), xycoords=transform, xytext=(0, 6),
                             textcoords="offset points", fontsize=6, ha="center")
+            # points drawn in axes fractions do not widen the x axis: their x values must, or a
+            # trial stopped outside the full-budget ones' range is drawn off the figure
+            ax.update_datalim(np.column_stack([x[stopped.index].to_numpy(dtype=float),
+                                               np.zeros(len(stopped))]), updatey=False)
+            ax.autoscale_view()
         ax.set_xlabel(key)
         ax.set_ylabel(ylabel or f"best {metric}")
         _legend(ax)

@@ -26,12 +26,12 @@ from studies.runs import RunSet  # noqa: E402
 ETAS = (0.05, 0.113, 0.144, 0.175, 0.211, 0.237, 0.269, 0.287)
 
 
-def _runs() -> RunSet:
-    """Eight search trials of a Lagrangian condition (two stopped after epoch 1), its three
-    confirmation runs at eta 0.237, and two runs of a baseline."""
+def _runs(stopped_at: tuple[float, ...] = (0.113, 0.144)) -> RunSet:
+    """Eight search trials of a Lagrangian condition (two stopped after epoch 1: those at
+    ``stopped_at``), its three confirmation runs at eta 0.237, and two runs of a baseline."""
     rows, history = [], {}
     for i, eta in enumerate(ETAS):
-        stopped = eta in (0.113, 0.144)
+        stopped = eta in stopped_at
         epochs = [1] if stopped else [1, 2, 3, 4]
         run = f"s{i}"
         rows.append({"run_id": run, "phase": "search", "condition": "lagrangian",
@@ -101,6 +101,16 @@ def test_best_value_against_eta_marks_the_choice_and_keeps_stopped_trials_off_th
     stopped = ax.collections[labels.index("stopped early / failed")]
     assert len(stopped.get_offsets()) == 2
     assert sorted(t.get_text() for t in ax.texts) == ["e1", "e1"]
+
+
+def test_trials_stopped_outside_the_full_budget_range_stay_on_the_figure(ax):
+    """As in the embedded ltd_bound: the lowest and highest eta stopped early, so the crosses
+    (drawn in axes fractions) lie outside the full-budget points' range: the x axis takes them in."""
+    assert metric_vs_value("val_rsum", "objective.eta", "lagrangian")(_runs((0.05, 0.287)), ax)
+    labels = [c.get_label() for c in ax.collections]
+    stopped = ax.collections[labels.index("stopped early / failed")].get_offsets()[:, 0]
+    low, high = ax.get_xlim()
+    assert sorted(stopped) == [0.05, 0.287] and low < 0.05 and high > 0.287
 
 
 def test_log_series_draws_no_zero_and_says_where_it_reached_zero(ax):
