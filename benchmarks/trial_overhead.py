@@ -39,7 +39,7 @@ def ray_epochs(flat: dict, workspace, cpus: int) -> tuple[list[float], float]:
 
     from studies import connection
     from studies.frameworks.tune import EpochCsvLogger, EpochJsonLogger
-    from studies.trainable import TrialJob, run_trial
+    from studies.trainable import StopWhenUnreadable, TrialJob, run_trial
     from studies.trials import KEY, TrialSpec
 
     class EpochTimes(tune.Callback):
@@ -58,9 +58,11 @@ def ray_epochs(flat: dict, workspace, cpus: int) -> tuple[list[float], float]:
                        experiment=f"{storage}/overhead")
         trainable = tune.with_resources(tune.with_parameters(run_trial, job=job), {"cpu": cpus})
         times = EpochTimes()
-        # The loggers a study's Tuner has (studies.tuning.run_tuner; Tune's own are off).
+        # The callbacks a study's Tuner has beside MLflow's (studies.tuning.tuner_callbacks):
+        # the storage marker a trial checks before it trains, and the loggers (Tune's are off).
         run_config = tune.RunConfig(name="overhead", storage_path=storage, verbose=0,
-                                    callbacks=[times, EpochJsonLogger(), EpochCsvLogger()])
+                                    callbacks=[StopWhenUnreadable(job.experiment), times,
+                                               EpochJsonLogger(), EpochCsvLogger()])
         tuner = tune.Tuner(trainable, param_space={KEY: TrialSpec.resolve("bench", flat, {})},
                            run_config=run_config)
         start = time.perf_counter()
