@@ -310,13 +310,17 @@ class Watcher:
                 continue
         return found
 
+    def note_workers(self) -> None:
+        """Each worker raylet seen now, and each seen before that is gone, with when."""
+        now, running = time.monotonic(), {r.pid for r in self.worker_raylets()}
+        for pid in running:
+            self.workers.setdefault(pid, now)
+        for pid in set(self.workers) - running:
+            self.gone.setdefault(pid, now)
+
     def run(self) -> None:
         while not self.done.is_set():
-            now, running = time.monotonic(), {r.pid for r in self.worker_raylets()}
-            for pid in running:
-                self.workers.setdefault(pid, now)
-            for pid in set(self.workers) - running:
-                self.gone.setdefault(pid, now)
+            self.note_workers()
             held = self.gate / "held"
             if not self.lost and held.exists() and held.read_text():
                 self.take_node_of(int(held.read_text()))

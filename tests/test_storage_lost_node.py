@@ -109,11 +109,7 @@ class NodeTaker(Watcher):
 
     def watch(self) -> None:
         while not self.done.is_set():
-            now, running = time.monotonic(), {r.pid for r in self.worker_raylets()}
-            for pid in running:
-                self.workers.setdefault(pid, now)
-            for pid in set(self.workers) - running:
-                self.gone.setdefault(pid, now)
+            self.note_workers()
             held = None if self.lost else self.held_call()
             if held is not None:
                 self.take_node_of(held["pid"], held["run_dir"])

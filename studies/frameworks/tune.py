@@ -20,6 +20,7 @@ with Ray Tune 2.60.0).
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import csv
 import fnmatch
@@ -167,12 +168,13 @@ class _OncePerEpoch:
         super().log_trial_end(trial, failed)
         self._logged.pop(trial.trial_id, None)  # opened and read again if it restarts
 
+    @abc.abstractmethod
     def _open(self, trial: Any) -> None:
         """Tune's logger opens the trial's file to append, copied back from the storage."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _last_epoch(self, folder: Path) -> float:
-        raise NotImplementedError
+        """The last epoch the trial's file in ``folder`` holds (-inf when none)."""
 
 
 class EpochJsonLogger(_OncePerEpoch, JsonLoggerCallback):
