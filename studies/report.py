@@ -40,7 +40,6 @@ from icr.workspace import Workspace
 from studies.catalog import Study, get_study
 from studies.ensembles import Evaluator, ensemble_of, evaluate_members
 from studies.figures import render
-from studies.frameworks import mlflow as mlflow_adapter
 from studies.insight import FRONT_TAG, write_insight
 from studies.runs import RunSet, load_runs
 from studies.tables import (
@@ -53,7 +52,7 @@ from studies.tables import (
     to_latex,
     to_markdown,
 )
-from studies.tracking import Tracker
+from studies.tracking import MAX_TAG_BYTES, Tracker
 
 DESCRIPTION_TAG = "mlflow.note.content"  # what the MLflow UI shows as a run's description
 SUMMARY_PREFIX = "report"  # the parent run's metrics of the tables' cells: report/<condition>/...
@@ -255,12 +254,14 @@ def build_report(study: Study, tracker: Tracker, out: Path, parent_id: str | Non
 
 
 def fit_description(tables: list[str], declared: Sequence[Table]) -> str:
-    """The tables, in order, that fit in a run's description (MLflow truncates a tag past
-    the adapter's ``tag_value_limit`` mid-row); the others are named as the report's artifacts."""
-    limit = mlflow_adapter.tag_value_limit() - 200  # room for the line naming the others
+    """The tables, in order, that fit in a run's description: a tag value of at most
+    ``MAX_TAG_BYTES`` UTF-8 bytes, the length every MLflow store keeps whole (past its own limit
+    a store cuts the tag mid-row or refuses it); the others are named as the report's
+    artifacts."""
+    limit = MAX_TAG_BYTES - 200  # room for the line naming the others
     kept: list[str] = []
     for markdown in tables:
-        if len("\n\n".join([*kept, markdown])) > limit:
+        if len("\n\n".join([*kept, markdown]).encode("utf-8")) > limit:
             break
         kept.append(markdown)
     left = [f"`report/{t.name}.md`" for t in declared[len(kept):]]

@@ -76,6 +76,11 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 PARENT_TAG = "mlflow.parentRunId"
 ERROR_TAG = "error"  # a failed trial's one-line cause, on its run
 MAX_PARAM_CHARS = 500  # MLflow's limit on a param value
+# The longest tag value every MLflow store keeps whole, in UTF-8 bytes, as MLflow's REST API
+# reference states it for SetTag ("all storage backends are guaranteed to support values up to
+# 5000 bytes"); a store may keep more (8,000 characters in a 3.17 sqlite store), a lab's server
+# of another version or backend may not.
+MAX_TAG_BYTES = 5000
 RECORD_KEYS = {"trajectory", "artifacts", "final", "steps"}  # EpochReport's fields beside metrics
 # The tag MLflow 3's UI reads to choose an experiment's page (its JS bundle: "Machine learning"
 # opens the runs, "GenAI apps & agents" the traces); an experiment without it is guessed from

@@ -417,11 +417,12 @@ def test_imports_neither_ray_nor_mlflow():
 
 def test_the_run_description_holds_the_tables_that_fit_and_names_the_others():
     """MLflow cuts a tag past its limit mid-row (ltd_probe's three tables: 10,554 characters);
-    the description keeps whole tables, in order, and names the rest."""
-    from studies.frameworks.mlflow import tag_value_limit
+    the description keeps whole tables, in order, within the bytes every store keeps, and names
+    the rest."""
     from studies.report import fit_description
+    from studies.tracking import MAX_TAG_BYTES
 
-    limit = tag_value_limit()
+    limit = MAX_TAG_BYTES
     tables = [Table(name, name.upper(), (Column("m", "M"),)) for name in ("a", "b", "c")]
     small = ["| a |", "| b |", "| c |"]
     assert fit_description(small, tables) == "| a |\n\n| b |\n\n| c |"
@@ -431,6 +432,8 @@ def test_the_run_description_holds_the_tables_that_fit_and_names_the_others():
     assert text.startswith("x" * (limit // 2) + "\n\n")
     assert "y" not in text and "z" not in text.replace("`report/", "")
     assert text.endswith("More tables among this run's artifacts: `report/b.md`, `report/c.md`.")
+    wide = ["\u00b1" * (limit // 4), "\u00b1" * (limit // 4)]  # 2 bytes a character in UTF-8
+    assert fit_description(wide, tables[:2]).startswith(wide[0] + "\n\nMore tables")
 
 
 # ------------------------------------------------------------------------------ COCO 1K

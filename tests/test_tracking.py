@@ -29,6 +29,7 @@ from studies.tracking import (
     ERROR_TAG,
     EXPERIMENT_KIND,
     EXPERIMENT_KIND_TAG,
+    MAX_TAG_BYTES,
     MlflowTrialCallback,
     Tracker,
     check_store,
@@ -209,6 +210,17 @@ def test_mlflow_internals_are_reached_only_in_the_adapter():
              for number, line in enumerate(path.read_text().splitlines(), 1)
              if pattern.search(line)]
     assert found == []
+
+
+def test_a_tag_of_the_documented_length_is_kept_whole(tracker):
+    """``MAX_TAG_BYTES`` (MLflow's REST API reference) is within what the installed MLflow's
+    store keeps: a description of that many bytes, in one- or two-byte characters, comes back
+    whole."""
+    run = tracker.create_run("r", {})
+    for value in ("x" * MAX_TAG_BYTES, "\u00b1" * (MAX_TAG_BYTES // 2)):
+        assert len(value.encode("utf-8")) == MAX_TAG_BYTES
+        tracker.set_tags(run, {"mlflow.note.content": value})
+        assert tracker.client.get_run(run).data.tags["mlflow.note.content"] == value
 
 
 def test_a_failed_run_continued_loses_its_error_tag(tracker):

@@ -13,9 +13,6 @@ Epoch records, runs, params, tags and artifacts all go through ``MlflowClient``
   (``mlflow ui`` takes the same flags) reads them (:func:`write_served_artifacts`): the URI's
   path under the destination, as the server's handlers map it (``mlflow/server/handlers.py:
   _get_proxied_run_artifact_destination_path`` in 3.17).
-
-And :func:`tag_value_limit`: the longest tag value MLflow stores whole, from its validation
-module.
 """
 
 from __future__ import annotations
@@ -25,15 +22,7 @@ import shutil
 import urllib.parse
 from pathlib import Path
 
-from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
-
 SERVED_SCHEME = "mlflow-artifacts"  # MLflow's scheme of artifacts a tracking server proxies
-
-
-def tag_value_limit() -> int:
-    """The longest tag value MLflow stores whole (8,000 characters in 3.x); longer ones it
-    truncates with a warning."""
-    return MAX_TAG_VAL_LENGTH
 
 
 def served_location(experiment: str) -> str:
