@@ -48,6 +48,7 @@ from icr.errors import UserError
 from studies import storage
 from studies.frameworks.optuna import study_from_json, trials_to_json
 from studies.space import ConditionalSpace
+from studies.space_analysis import quiet_optuna
 from studies.trials import KEY, TrialSpec, full_budget
 
 log = logging.getLogger(__name__)
@@ -81,7 +82,8 @@ class StudySearcher(Searcher):
         self.log_path = log_path
         self.cost = cost
         self.directions = ["maximize" if mode == "max" else "minimize"] + (["minimize"] if cost else [])
-        self.study = optuna.create_study(directions=self.directions, sampler=sampler)
+        with quiet_optuna():  # the status line says what is searched
+            self.study = optuna.create_study(directions=self.directions, sampler=sampler)
         # Tune trial id -> its Optuna trial (live while it runs; after a restore, an ended one is
         # the study's record of it)
         self.trials: dict[str, optuna.trial.Trial | optuna.trial.FrozenTrial] = {}
@@ -141,7 +143,8 @@ class StudySearcher(Searcher):
         path = Path(checkpoint_path)
         state = read_state(path)
         try:
-            study, live = study_from_json(state["trials"], self.directions, self.study.sampler)
+            with quiet_optuna():
+                study, live = study_from_json(state["trials"], self.directions, self.study.sampler)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise _not_ours(path, exc) from None
         self.study = study

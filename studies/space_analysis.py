@@ -311,7 +311,7 @@ def _shares(trials: Sequence[SearchTrial], domains: Mapping[str, Domain], keys: 
     )
 
     study = optuna_study(trials, domains, keys, ["maximize" if mode == "max" else "minimize"])
-    with _quiet():
+    with quiet_optuna():
         if evaluator == "fanova":
             runs = [get_param_importances(study, evaluator=FanovaImportanceEvaluator(seed=s),
                                           params=list(keys)) for s in seeds]
@@ -323,9 +323,10 @@ def _shares(trials: Sequence[SearchTrial], domains: Mapping[str, Domain], keys: 
         yield KeyImportance(key, float(values.mean()), float(values.std()), len(trials), conditional)
 
 
-class _quiet:
-    """Optuna's chatter off inside the block: its INFO line per study made here, and PED-ANOVA's
-    warning that it is experimental; the verbosity the process had is put back."""
+class quiet_optuna:
+    """Optuna's chatter off inside the block: its INFO line per study made (the searcher's and
+    the analyses'), and PED-ANOVA's warning that it is experimental; the verbosity the process
+    had is put back."""
 
     def __enter__(self) -> None:
         import warnings  # lazy: beside optuna's import, which waits
@@ -353,7 +354,7 @@ def optuna_study(trials: Sequence[SearchTrial], domains: Mapping[str, Domain],
     the user attribute ``index``."""
     import optuna  # lazy: keeps optuna off --list and --keys (the catalog imports this module)
 
-    with _quiet():
+    with quiet_optuna():
         study = optuna.create_study(directions=list(directions))
     dists = {k: distribution(domains[k]) for k in keys}
     study.add_trials([optuna.trial.create_trial(

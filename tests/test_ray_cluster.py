@@ -232,6 +232,22 @@ def test_nodes_on_one_machine_share_its_disk() -> None:
 # --- a private instance ------------------------------------------------------------------------
 
 
+def test_the_driver_sends_an_existing_token_without_ray_s_warning(tmp_path) -> None:
+    """With a token and no ``RAY_AUTH_MODE``, the driver turns token authentication on for
+    itself, and Ray's "Token authentication is enabled ... opt out" warning is not printed (the
+    status line says how to sign in)."""
+    token = tmp_path / "auth_token"
+    token.write_text("0" * 64)
+    env = {k: v for k, v in ENV.items() if k not in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
+    code = ("import logging, os; logging.basicConfig(); "
+            "from studies.frameworks import ray as r; r.send_token_if_present(); "
+            "print(os.environ.get('RAY_AUTH_MODE'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**env, "RAY_AUTH_TOKEN_PATH": str(token)}, check=True)
+    assert out.stdout.strip() == "token"
+    assert "Token authentication" not in out.stderr, out.stderr
+
+
 @pytest.fixture(scope="module")
 def local(tmp_path_factory):
     record = tmp_path_factory.mktemp("run") / "ray-instance.json"

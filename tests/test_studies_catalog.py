@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import functools
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -235,12 +236,18 @@ def test_optuna_is_told_pruned_for_asha_stopped_trials(tmp_path: Path) -> None:
     assert "PRUNED" in log.read_text() and "COMPLETE" in log.read_text()
 
 
-def test_the_searcher_is_saved_and_restored_with_its_trials(tmp_path: Path) -> None:
-    """What Tuner.restore needs: a restored searcher knows the trials asked and told so far."""
+def test_the_searcher_is_saved_and_restored_with_its_trials(tmp_path: Path, monkeypatch) -> None:
+    """What Tuner.restore needs: a restored searcher knows the trials asked and told so far.
+    Neither study prints Optuna's "A new study created" line (the status line says what is
+    searched)."""
     import optuna
 
     from studies.space import Domain
 
+    lines: list[str] = []
+    said = logging.Handler()
+    said.emit = lambda record: lines.append(record.getMessage())
+    monkeypatch.setattr(logging.getLogger("optuna"), "handlers", [said])  # Optuna's own logger
     base = {"objective.name": "lagrangian", "decoder.name": "ltd"}
     space = ConditionalSpace(base, (Domain("objective.eta", "uniform", (0.05, 0.3)),))
     make = functools.partial(StudySearcher, space, functools.partial(TrialSpec.resolve, "lag", base),
@@ -255,6 +262,7 @@ def test_the_searcher_is_saved_and_restored_with_its_trials(tmp_path: Path) -> N
     assert restored.suggest("a")[KEY] == running  # the trial that was running keeps its values
     restored.on_trial_complete("a", {"val_rsum": 200.0, "epoch": 4})
     assert [t.state.name for t in restored.study.get_trials()] == ["COMPLETE", "COMPLETE"]
+    assert not [line for line in lines if "A new study" in line]
 
 
 class Planted:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import json
+import logging
 import os
 import secrets
 import socket
@@ -138,9 +139,19 @@ def auth_environment() -> dict[str, str]:
 def send_token_if_present() -> None:
     """Send the local token when connecting to a cluster, also with an explicit address, as
     Ray itself does for ``auto`` only: token authentication on for this process (its cached
-    configuration included) when a token exists and :data:`AUTH_MODE_VARIABLE` is unset."""
-    with _reaching("ray._private.authentication.authentication_token_setup"):
-        auth.maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+    configuration included) when a token exists and :data:`AUTH_MODE_VARIABLE` is unset.
+
+    Ray's warning that token authentication is on (and how to opt out) is held back: the
+    platform sends the token on purpose, and its status line says how to sign in to the
+    dashboard."""
+    logger = logging.getLogger(auth.__name__)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with _reaching("ray._private.authentication.authentication_token_setup"):
+            auth.maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+    finally:
+        logger.setLevel(level)
 
 
 def token_path() -> Path:
