@@ -274,7 +274,7 @@ def cocos_over_split(
             its loss's training batches (``images`` for ``smoothap``, the paper's 128 images x 5
             captions; ``pairs`` for the others).
         **loss_options: the loss's options (``margin``, ``tau``) and ``eps``; see
-            :func:`counter_options`.
+            :func:`build_counter`.
 
     Returns:
         :func:`summarize_batches` of the batches: ``cocos_{d}_{key}_mean`` and
