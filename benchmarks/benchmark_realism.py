@@ -48,6 +48,7 @@ import re
 import sys
 import tempfile
 import time
+import warnings
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -115,7 +116,9 @@ def batch_false_negatives(true_of_others: np.ndarray, num_others: int, batch: in
 def coco_statistics() -> dict[str, dict[str, float]]:
     """CxC and ECCV Caption statistics of the COCO 5k test split, from ``eccv-caption``'s files."""
     try:
-        import eccv_caption
+        with warnings.catch_warnings():  # it warns that it reads JSON without ujson: we read files
+            warnings.filterwarnings("ignore", message="failed to import `ujson`")
+            import eccv_caption
     except ImportError:
         raise SystemExit("error: eccv-caption is not installed; run `make install` (dev extra)") from None
     data = Path(eccv_caption.__file__).parent / "data"

@@ -462,6 +462,8 @@ def test_replayed_steps_train_as_eager_steps_do_over_a_whole_schedule(device, wo
                                **tol)
 
 
+# The schedule is stepped alone, without the optimizer steps torch expects before it.
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step")
 def test_the_learning_rate_a_graph_reads_is_filled_in_place_by_the_schedule(workspace,
                                                                             monkeypatch):
     """A captured step reads each group's lr tensor by its memory: every scheduler.step() must
