@@ -246,6 +246,7 @@ EXPECTED_TOUCHES = {
         "log_trial_end, log_trial_result, log_trial_start",
         "class LabelledTrial(wrap_function()) defines __repr__, restore",
         "import of ray.tune.trainable.function_trainable.wrap_function",
+        "names ray.train._internal.syncer",
     ],
 }
 

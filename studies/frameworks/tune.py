@@ -14,7 +14,7 @@ with Ray Tune 2.60.0).
 - :func:`trial_error`: where Tune writes a failed trial's error before it syncs it;
   :func:`trial_exception`: the same error as the exception the trial raised;
   :func:`raised_in_callback`: how an exception raised in a callback comes out of ``fit``;
-- :func:`quiet_retried_syncs`: the text of one harmless warning of Tune's syncer;
+- :func:`quiet_retried_syncs`: the logger and the text of one harmless warning of Tune's syncer;
 - :func:`sigint_handler_restored`: Tune's SIGINT handler, left installed after ``fit``.
 """
 
@@ -56,7 +56,8 @@ EXPERIMENT_STATE = "experiment_state-*.json"  # the trials' state (JSON)
 SEARCH_GEN_STATE = "search_gen_state-*.json"  # a searcher's wrappers (a pickle)
 GRID_STATE = "basic-variant-state-*.json"  # a grid's generator (a pickle)
 PICKLED = pickle.PROTO  # the first byte of a pickle (protocol 2 or later, as Tune writes them)
-RAY_LOGGER = "ray"  # Ray's top logger: its handlers print what every Ray module logs
+# The logger of Tune's background copies of the experiment to its storage.
+SYNCER_LOGGER = "ray.train._internal.syncer"
 
 
 def _reaching(what: str) -> contextlib.AbstractContextManager[None]:
@@ -351,9 +352,7 @@ class RetriedSyncFilter(logging.Filter):
 
 
 def quiet_retried_syncs() -> None:
-    """Install :class:`RetriedSyncFilter` on the handlers of Ray's top logger (once each),
-    through which every Ray module's records are printed, the syncer's included: the warning is
-    known by its text, so no module's logger need be named."""
-    for handler in logging.getLogger(RAY_LOGGER).handlers:
-        if not any(isinstance(f, RetriedSyncFilter) for f in handler.filters):
-            handler.addFilter(RetriedSyncFilter())
+    """Install :class:`RetriedSyncFilter` on Tune's syncer logger (once)."""
+    syncer = logging.getLogger(SYNCER_LOGGER)
+    if not any(isinstance(f, RetriedSyncFilter) for f in syncer.filters):
+        syncer.addFilter(RetriedSyncFilter())
