@@ -488,3 +488,21 @@ def test_trial_overhead_times_the_same_epochs_in_process_and_under_tune(capsys, 
     assert f"in-process epoch times (s): {local[0]:.2f}, {local[1]:.2f}" in out
     assert f"Ray Tune   epoch times (s): {tuned[0]:.2f}, {tuned[1]:.2f}" in out
     assert f"ratio Ray Tune / in-process: {tuned[1] / local[1]:.3f}" in out
+
+
+def test_epoch_cost_under_load_prints_both_costs_alone_and_loaded(capsys, workspace):
+    """benchmarks/epoch_cost_under_load.py on the tiny preset with one busy process: both costs,
+    alone and loaded, each ratio the quotient of the two figures printed beside it."""
+    bench = load("epoch_cost_under_load")
+    measured = bench.main(["--preset", "tiny", "--epochs", "1", "--busy", "1",
+                           "--workspace", str(workspace.root)])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert "1 busy process(es)" in lines[0]
+    for name, line in zip(("epoch_time_s", "epoch_cpu_s"), lines[1:], strict=True):
+        found = re.match(rf"\s*{name}: alone ([\d.]+) s, loaded ([\d.]+) s, ratio loaded / alone "
+                         r"([\d.]+)$", line)
+        assert found, line
+        assert float(found[3]) == pytest.approx(float(found[2]) / float(found[1]), rel=0.05,
+                                                abs=0.02)
+    (wall, cpu), (wall_loaded, cpu_loaded) = measured["alone"], measured["loaded"]
+    assert min(wall, cpu, wall_loaded, cpu_loaded) > 0

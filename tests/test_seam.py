@@ -60,8 +60,9 @@ def test_one_record_per_epoch_with_the_metrics_the_platform_reads(fitted):
     for report in reports:
         m = report.metrics
         for key in ("epoch", "val_rsum", "best_val_rsum", "best_epoch", "train_loss", "lr",
-                    "epoch_time_s", "lambda", "train_L_rec"):
+                    "epoch_time_s", "epoch_cpu_s", "lambda", "train_L_rec"):
             assert key in m and math.isfinite(m[key]), key
+        assert m["epoch_time_s"] >= 0 and m["epoch_cpu_s"] >= 0
         assert m["epoch"] == report.epoch and 1 <= m["best_epoch"] <= report.epoch
         assert m["best_val_rsum"] >= m["val_rsum"] - 1e-9
         assert ("test_rsum" in m) == (report.final and config.eval.test)

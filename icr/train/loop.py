@@ -92,7 +92,7 @@ def fit(
     root = Path(run_dir) if run_dir is not None else Path(tempfile.mkdtemp(prefix="icr-fit-"))
     checkpoint = root / "checkpoint"
     for epoch in range(state.epoch, task.epochs):
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         metrics: dict[str, float] = {"epoch": epoch + 1, **task.train_epoch(epoch, progress)}
         rows = task.take_trajectory()
         steps = task.step_modes() if hasattr(task, "step_modes") else None  # optional (Task)
@@ -114,6 +114,9 @@ def fit(
                 metrics_out, artifacts = _run_analyses(analyses, root / ARTIFACTS)
                 metrics.update(metrics_out)
         metrics["epoch_time_s"] = time.perf_counter() - start
+        # The process's CPU seconds over the same span (every thread): a cost that other jobs
+        # sharing the machine do not inflate, as they do the wall time.
+        metrics["epoch_cpu_s"] = time.process_time() - cpu_start
         state.history.append(metrics)
         state.trajectory.extend(rows)
         save_checkpoint(checkpoint, _checkpoint_state(config, task, state), best,

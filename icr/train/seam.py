@@ -55,7 +55,9 @@ class EpochReport:
         epoch: 1-based epoch just finished.
         metrics: ``epoch``, ``train_*`` (means over the epoch), ``val_*``, ``best_val_<m>`` and
             ``best_epoch`` (the best epoch so far by the task's selection metric ``m``), ``lr``,
-            ``epoch_time_s``, the objective's state (``lambda``); on the last epoch ``test_*`` (when ``eval.test``) and
+            ``epoch_time_s`` (wall seconds of the epoch: training, validation and, last, the test
+            and analyses) and ``epoch_cpu_s`` (the process's CPU seconds over the same span),
+            the objective's state (``lambda``); on the last epoch ``test_*`` (when ``eval.test``) and
             the analyses' numbers (``probe/...``, ``cocos/...``).
         trajectory: the per-step rows recorded since the previous report (every
             ``train.trajectory_every`` steps): ``step``, ``epoch`` and the loss terms the
