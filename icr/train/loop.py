@@ -115,7 +115,7 @@ def fit(
                 metrics.update(metrics_out)
         metrics["epoch_time_s"] = time.perf_counter() - start
         # The process's CPU seconds over the same span (every thread): a cost that other jobs
-        # sharing the machine do not inflate, as they do the wall time.
+        # sharing the machine barely move, unlike the wall time (benchmarks/epoch_cost_under_load.py).
         metrics["epoch_cpu_s"] = time.process_time() - cpu_start
         state.history.append(metrics)
         state.trajectory.extend(rows)
