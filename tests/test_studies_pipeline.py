@@ -136,7 +136,7 @@ def test_fake_study_end_to_end(cluster, tmp_path: Path, capsys) -> None:
     assert parent.data.tags["mlflow.source.git.commit"] == parent.data.tags["git_commit"]
     assert "report/lagrangian.test_rsum.mean" in parent.data.metrics
     assert all(k.startswith("report/") and k.count("/") == 1 for k in parent.data.metrics
-               if not k.startswith(("importance.", "importance_spread.")))
+               if not k.startswith(("importance.", "importance_spread.", "importance_epoch.")))
     experiment = client.get_experiment_by_name("fake")
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"  # opens on runs
 
