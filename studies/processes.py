@@ -74,14 +74,19 @@ def family(marker: str | None, folder: Path | None = None,
            spare: Collection[int] = ()) -> list[psutil.Process]:
     """This user's running processes with ``MARKER=marker`` or a file open inside ``folder``
     (``None``: that test is not made), and their descendants, except this one and the PIDs in
-    ``spare``.
+    ``spare``, and the descendants of those two that are not of the family themselves.
 
     Give a ``folder`` only where it is known to be the instance's own (its processes' logs are
     the only files in it): a file open there is then the mark of a process that Ray renamed.
+    The driver holds files open there too, and is spared (the launcher's sweep spares it), and so
+    are the processes the driver started itself: Python's ``multiprocessing`` resource tracker, a
+    tracking server, a data loader's workers.
     """
     inside = str(folder.resolve()) + os.sep if folder is not None else None
     found: dict[int, psutil.Process] = {}
     for proc in _own_processes():
+        if proc.pid in spare:
+            continue
         try:
             if (marker is not None and proc.environ().get(MARKER) == marker) or (
                     inside and any(f.path.startswith(inside) for f in proc.open_files())):

@@ -20,6 +20,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import psutil
 import pytest
 
 from icr.errors import UserError
@@ -156,6 +157,45 @@ def test_a_recorded_instance_stops_exactly_its_own_processes(tmp_path: Path) -> 
         launcher.remove_temp_dir(folder)
 
 
+SPAWNING_DRIVER = """
+import subprocess, sys, time
+held = open(sys.argv[1], "w")  # a driver holds files open in the instance's folder (its logs)
+child = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"],
+                         stdout=subprocess.PIPE, text=True)  # e.g. multiprocessing's resource tracker
+child.stdout.readline()
+print(child.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_launcher_s_sweep_spares_the_driver_and_the_processes_it_started(tmp_path: Path) -> None:
+    """The launcher's sweep at exit (``sweep_family_at_exit``) spares the driver, which holds
+    files open in the instance's folder: it spares what the driver started itself too (Python's
+    resource tracker died so at every study's end, and a driver's next semaphore warned
+    "resource_tracker: process died unexpectedly"), and stops the instance's own processes."""
+    marker = launcher.new_marker()
+    folder = launcher._new_temp_dir(marker)
+    driver = subprocess.Popen([sys.executable, "-c", SPAWNING_DRIVER, str(folder / "driver.log")],
+                              stdout=subprocess.PIPE, text=True)
+    own_child = int(driver.stdout.readline())
+    agent = _sleeper({**os.environ, processes.MARKER: marker})
+    try:
+        spare = {driver.pid}
+        assert [p.pid for p in processes.family(marker, folder, spare)] == [agent.pid]
+        assert processes.stop_family(marker, folder, spare=spare) == [agent.pid]
+        assert agent.wait(timeout=30) is not None
+        assert driver.poll() is None and psutil.Process(own_child).status() != psutil.STATUS_ZOMBIE
+        # Unspared (the driver is gone, say), the driver's folder file names it and its child.
+        assert {p.pid for p in processes.family(marker, folder)} == {driver.pid, own_child}
+    finally:
+        for proc in (driver, agent):
+            proc.kill()
+            proc.wait()
+        with contextlib.suppress(psutil.Error):
+            psutil.Process(own_child).kill()
+        launcher.remove_temp_dir(folder)
+
+
 # --- a `ray start` that gives up ----------------------------------------------------------------
 
 # Stand-ins for `ray start --head --block`: one gives up as Ray does when its dashboard answers too
@@ -251,11 +291,17 @@ def test_the_driver_sends_an_existing_token_without_ray_s_warning(tmp_path) -> N
 @pytest.fixture(scope="module")
 def local(tmp_path_factory):
     record = tmp_path_factory.mktemp("run") / "ray-instance.json"
-    cluster = connection.connect(num_cpus=2, dashboard=True, record=record)
-    yield cluster
-    connection.disconnect(cluster)
-    assert not processes.family(cluster.instance.marker, cluster.instance.temp_dir)
-    assert not record.exists() and not cluster.instance.temp_dir.exists()
+    own = _sleeper(dict(os.environ))  # a process the driver started itself, not Ray
+    try:
+        cluster = connection.connect(num_cpus=2, dashboard=True, record=record)
+        yield cluster
+        connection.disconnect(cluster)
+        assert not processes.family(cluster.instance.marker, cluster.instance.temp_dir)
+        assert not record.exists() and not cluster.instance.temp_dir.exists()
+        assert own.poll() is None  # the instance's stop left it running
+    finally:
+        own.kill()
+        own.wait()
 
 
 def _token() -> str:
