@@ -72,13 +72,14 @@ def stop_signals_deferred() -> Iterator[None]:
 
 def family(marker: str | None, folder: Path | None = None,
            spare: Collection[int] = ()) -> list[psutil.Process]:
-    """This user's running processes with ``MARKER=marker`` or a file open inside ``folder``
-    (``None``: that test is not made), and their descendants, except this one and the PIDs in
-    ``spare``, and the descendants of those two that are not of the family themselves.
+    """This user's running processes with ``MARKER=marker`` or a file open for writing inside
+    ``folder`` (``None``: that test is not made), and their descendants, except this one and the
+    PIDs in ``spare``, and the descendants of those two that are not of the family themselves.
 
     Give a ``folder`` only where it is known to be the instance's own (its processes' logs are
-    the only files in it): a file open there is then the mark of a process that Ray renamed.
-    The driver holds files open there too, and is spared (the launcher's sweep spares it), and so
+    the only files in it): a file written there is then the mark of a process that Ray renamed
+    (the dashboard's modules and agents carry no marker; each appends to its log). A reader of
+    a log there (a user's ``tail -f``) is not of the family. The driver holds files open there too, and is spared (the launcher's sweep spares it), and so
     are the processes the driver started itself: Python's ``multiprocessing`` resource tracker, a
     tracking server, a data loader's workers.
     """
@@ -89,7 +90,8 @@ def family(marker: str | None, folder: Path | None = None,
             continue
         try:
             if (marker is not None and proc.environ().get(MARKER) == marker) or (
-                    inside and any(f.path.startswith(inside) for f in proc.open_files())):
+                    inside and any(f.path.startswith(inside) and f.mode != "r"
+                                   for f in proc.open_files())):
                 found[proc.pid] = proc
         except (psutil.Error, OSError):  # gone, a zombie, or not readable: not ours to stop
             continue

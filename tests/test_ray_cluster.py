@@ -94,7 +94,7 @@ def test_sigterm_and_sighup_stop_the_driver_as_ctrl_c(sig: int, mode: str, code:
 
 SLEEPER = """
 import sys, time
-held = open(sys.argv[1], "w") if len(sys.argv) > 1 else None
+held = open(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "w") if len(sys.argv) > 1 else None
 print("up", flush=True)
 time.sleep(600)
 """
@@ -172,23 +172,26 @@ def test_the_launcher_s_sweep_spares_the_driver_and_the_processes_it_started(tmp
     """The launcher's sweep at exit (``sweep_family_at_exit``) spares the driver, which holds
     files open in the instance's folder: it spares what the driver started itself too (Python's
     resource tracker died so at every study's end, and a driver's next semaphore warned
-    "resource_tracker: process died unexpectedly"), and stops the instance's own processes."""
+    "resource_tracker: process died unexpectedly") and a process that only reads a log there,
+    and stops the instance's own processes."""
     marker = launcher.new_marker()
     folder = launcher._new_temp_dir(marker)
     driver = subprocess.Popen([sys.executable, "-c", SPAWNING_DRIVER, str(folder / "driver.log")],
                               stdout=subprocess.PIPE, text=True)
     own_child = int(driver.stdout.readline())
     agent = _sleeper({**os.environ, processes.MARKER: marker})
+    reader = _sleeper(dict(os.environ), str(folder / "driver.log"), "r")  # a user's `tail -f`
     try:
         spare = {driver.pid}
         assert [p.pid for p in processes.family(marker, folder, spare)] == [agent.pid]
         assert processes.stop_family(marker, folder, spare=spare) == [agent.pid]
         assert agent.wait(timeout=30) is not None
         assert driver.poll() is None and psutil.Process(own_child).status() != psutil.STATUS_ZOMBIE
+        assert reader.poll() is None
         # Unspared (the driver is gone, say), the driver's folder file names it and its child.
         assert {p.pid for p in processes.family(marker, folder)} == {driver.pid, own_child}
     finally:
-        for proc in (driver, agent):
+        for proc in (driver, agent, reader):
             proc.kill()
             proc.wait()
         with contextlib.suppress(psutil.Error):
