@@ -2,7 +2,7 @@
 
 ``embed_split`` encodes a split's images and captions in evaluation order, batch by batch, from
 the inputs the task placed on its device (:class:`~icr.data.images.ImageStore` and the clean
-caption ids of :meth:`~icr.data.captions.CaptionTable.clean`); ``evaluate_split`` scores them
+caption ids of :meth:`~icr.data.captions.CaptionTable.clean`); ``split_metrics`` scores them
 with every retrieval metric the split's assets allow (R@k, rsum, ranks, R-precision, mAP@5, nDCG
 from the relevance matrix, CxC from the extended positives). The test split is scored under
 every protocol its dataset is reported with (:attr:`~icr.data.datasets.DatasetSource.protocols`):
@@ -41,13 +41,6 @@ def embed_split(
         caps.append(encoder.encode_captions(tokens[i : i + batch_size, : int(n.max())], n))
     encoder.train(was_training)
     return img.float(), torch.cat(caps).float()  # (N_img, D), (N_cap, D)
-
-
-def evaluate_split(
-    img: torch.Tensor, cap: torch.Tensor, data: PreparedData, split: str
-) -> dict[str, float]:
-    """Every retrieval metric of ``split`` from its embeddings (see :func:`split_metrics`)."""
-    return split_metrics((img, cap), data, split)
 
 
 def split_metrics(sims: Similarities, data: PreparedData, split: str) -> dict[str, float]:

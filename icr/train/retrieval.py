@@ -54,7 +54,7 @@ from icr.models.recurrent import use_static_shapes
 from icr.objectives import Objective, ObjectiveOutput, build_objective
 from icr.seeding import derive_seed, seed_everything
 from icr.train.device import Precision
-from icr.train.evaluation import embed_split, evaluate_split
+from icr.train.evaluation import embed_split, split_metrics
 from icr.train.graphs import GraphedStep
 from icr.train.recipe import (
     build_optimizer,
@@ -358,7 +358,7 @@ class RetrievalTask:
                            normalize=self.data.pixels, batch_size=self.config.eval.batch_size)
 
     def evaluate(self, split: str) -> dict[str, float]:
-        return evaluate_split(*self.embed_split(split), self.data, split)
+        return split_metrics(self.embed_split(split), self.data, split)
 
     def initial_embedder(self) -> Embedder:
         """:meth:`embed_split` of this model at its initialisation: a new task built from the
