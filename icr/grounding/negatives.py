@@ -39,10 +39,11 @@ import numpy as np
 import torch
 
 from icr.config import GroundingConfig
+from icr.data.targets import model_identity
 from icr.errors import DataError
 from icr.grounding import mlm
 from icr.grounding.mlm import MaskedNounModel, normalise_word, replace_word
-from icr.grounding.words import DEFAULT_WORD_MODEL, WordEncoder, model_identity, select_split_words
+from icr.grounding.words import DEFAULT_WORD_MODEL, WordEncoder, select_split_words
 from icr.io import save_npy_atomic, write_text_atomic
 from icr.registry import Registry
 

@@ -48,8 +48,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from icr.data import targets
 from icr.data.synthetic.lexicon import TEXTURE_PHRASES, lexicon
+from icr.data.targets import model_identity
 from icr.errors import ConfigError
 from icr.io import save_npy_atomic
 
@@ -192,7 +192,8 @@ class WordEncoder:
     Args:
         tokenizer: a ``transformers`` fast tokenizer (``word_ids`` is needed).
         model: a ``transformers`` encoder whose output has ``last_hidden_state``.
-        identity: what the feature cache records about the model (:func:`model_identity`).
+        identity: what the feature cache records about the model
+            (:func:`icr.data.targets.model_identity`).
         device: where the model runs.
     """
 
@@ -257,11 +258,6 @@ class WordEncoder:
         with torch.inference_mode():
             hidden = self.model(**inputs).last_hidden_state.float()  # (B, T, D)
         return hidden, word_ids
-
-
-def model_identity(model: str) -> str:
-    """What the feature cache records about ``model`` (the latent targets' convention)."""
-    return targets.model_identity(model)
 
 
 # ------------------------------------------------------------------------------------ features
