@@ -3,19 +3,17 @@
 Each member is one trained model's embeddings of the same evaluation split (same images and
 captions, same order); members may embed in spaces of different sizes, since only their
 similarities are combined. This is how VSE-infinity and VSE+2AD report ensembles (e.g. "RG",
-region + grid models): the mean of the members' image-caption similarity matrices.
+region + grid models): the mean of the members' image-caption similarity matrices, scored as
+one model's (:func:`icr.train.evaluation.split_metrics`: on COCO, the 5K and the 5-fold 1K).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from torch import Tensor
 
-from icr.metrics.retrieval import retrieval_metrics
-
-__all__ = ["average_similarity", "evaluate_ensemble"]
+__all__ = ["average_similarity"]
 
 
 def average_similarity(members: Sequence[tuple[Tensor, Tensor]]) -> Tensor:
@@ -55,17 +53,3 @@ def average_similarity(members: Sequence[tuple[Tensor, Tensor]]) -> Tensor:
         total = sims if total is None else total.add_(sims)  # in place: one matrix in memory
     return total / len(members)
 
-
-def evaluate_ensemble(
-    members: Sequence[tuple[Tensor, Tensor]], caption_image: Tensor, **retrieval_kwargs: Any
-) -> dict[str, float]:
-    """Retrieval metrics of the ensemble's averaged similarities.
-
-    ``retrieval_kwargs`` go to :func:`~icr.metrics.retrieval.retrieval_metrics` (``ks``,
-    ``relevance``, ``extended_i2t``, ``extended_t2i``, ``chunk_size``). For the COCO 5-fold 1k
-    protocol, pass :func:`average_similarity` to :func:`icr.metrics.protocols.evaluate_protocol`.
-
-    Shapes:
-        members as in :func:`average_similarity`; caption_image: ``(N_cap,)``.
-    """
-    return retrieval_metrics(average_similarity(members), caption_image, **retrieval_kwargs)

@@ -3,7 +3,8 @@
 VSE-infinity and VSE+2AD report ensembles that average the similarity matrices of several trained
 models (docs/reference-code.md section 3). Here the members are a condition's finished confirmation runs
 (their seeds): each best checkpoint embeds the test split, the matrices are averaged
-(:func:`icr.ensemble.evaluate_ensemble`) and scored with every retrieval metric, and the result is
+(:func:`icr.ensemble.average_similarity`) and scored with every retrieval metric under the test
+split's protocols (:func:`icr.train.evaluation.split_metrics`), and the result is
 logged as its own MLflow child run (phase ``ensemble``) whose tags name its members, so the
 table's ensemble row is traceable like every other.
 

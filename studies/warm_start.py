@@ -24,7 +24,7 @@ before anything is written.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -182,7 +182,3 @@ def _observe(runs: Any, condition: str, domains: Mapping[str, Domain], metric: s
                                 scores))
     return tuple(kept), dropped
 
-
-def observed_numbers(study: optuna.Study) -> Sequence[int]:
-    """The numbers of the trials of ``study`` that are observations of an earlier study."""
-    return [t.number for t in study.get_trials(deepcopy=False) if OBSERVED_ATTR in t.user_attrs]

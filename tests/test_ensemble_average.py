@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from icr.ensemble import average_similarity, evaluate_ensemble
+from icr.ensemble import average_similarity
 from icr.metrics.retrieval import retrieval_metrics
 
 CAPTION_IMAGE = torch.arange(4).repeat_interleave(2)  # 4 images, 2 captions each
@@ -32,7 +32,7 @@ def test_average_matches_averaging_by_hand():
 def test_one_member_is_the_member_itself():
     img, cap = _member(6, 0)
     torch.testing.assert_close(average_similarity([(img, cap)]), img @ cap.T)
-    assert evaluate_ensemble([(img, cap)], CAPTION_IMAGE) == retrieval_metrics(
+    assert retrieval_metrics(average_similarity([(img, cap)]), CAPTION_IMAGE) == retrieval_metrics(
         img @ cap.T, CAPTION_IMAGE
     )
 
@@ -45,7 +45,7 @@ def test_members_are_not_modified():
         assert torch.equal(img, img0) and torch.equal(cap, cap0)
 
 
-def test_evaluate_ensemble_ranks_the_averaged_similarities():
+def test_an_ensemble_ranks_the_averaged_similarities():
     # Each member alone gets one image wrong; together they get every one right.
     img = torch.eye(2)
     cap_a = torch.tensor([[1.0, 0.0], [1.0, 0.2]])  # caption 1 closer to image 0
@@ -53,7 +53,8 @@ def test_evaluate_ensemble_ranks_the_averaged_similarities():
     caption_image = torch.tensor([0, 1])
     for cap in (cap_a, cap_b):
         assert retrieval_metrics(img @ cap.T, caption_image, ks=(1,))["t2i_R_at_1"] == 50.0
-    both = evaluate_ensemble([(img, cap_a), (img, cap_b)], caption_image, ks=(1,))
+    both = retrieval_metrics(average_similarity([(img, cap_a), (img, cap_b)]), caption_image,
+                             ks=(1,))
     assert both["t2i_R_at_1"] == both["i2t_R_at_1"] == 100.0
 
 

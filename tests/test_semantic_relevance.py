@@ -11,16 +11,22 @@ import pytest
 from icr.data import karpathy
 from icr.data.relevance import load_relevance
 from icr.data.synthetic import ensure_benchmark, load_scenes, read_manifest
+from icr.data.synthetic.lexicon import HYPERNYMS
 from icr.data.synthetic.relevance import (
+    Proposition,
     caption_relevance,
     meaning_tuples,
-    scene_meaning,
-    scene_tuples,
-    truth_relevance,
     tuple_f1,
 )
 from icr.data.synthetic.semantics import holds
-from icr.data.synthetic.world import Background, Scene, SceneObject, position_words
+from icr.data.synthetic.world import (
+    RELATIONS,
+    Background,
+    Scene,
+    SceneObject,
+    position_words,
+    relation_holds,
+)
 
 RED_CIRCLE = {"kind": "exists", "desc": {"shape": "circle", "colour": "red"}}
 LARGE_RED_CIRCLE = {"kind": "exists", "desc": {"shape": "circle", "colour": "red", "size": "large"}}
@@ -173,6 +179,55 @@ def _scene() -> Scene:
     return Scene(96, Background("dark", "blue", (20, 20, 20), 0.0, 0.0, 0.0), objects)
 
 
+# --- the oracle: every tuple true of a scene ---------------------------------------------------
+
+COUNTED = ("shape", "colour", "size", "texture")  # what the grammar's count clauses describe
+
+
+def _concepts(shape: str) -> list[str]:
+    """A shape and every hypernym that names it (``HYPERNYMS``)."""
+    return [shape] + [h for h, members in HYPERNYMS.items() if shape in members]
+
+
+def scene_meaning(scene: Scene) -> list[dict]:
+    """A meaning that says everything the tuple vocabulary can say about ``scene``.
+
+    Every object with all its attributes (once per shape concept: its shape and each hypernym of
+    it), every count of two or more objects sharing some of shape, colour, size and texture (the
+    counts the grammar states), every relation that holds between two objects (by shape concept),
+    the background and the number of objects. It is true of ``scene`` (``holds``),
+    and its tuples contain those of every true caption.
+    """
+    objects = scene.objects
+    meaning: list[dict] = [
+        {"kind": "exists", "desc": {**{a: o.attribute(a) for a in ("colour", "size", "texture",
+                                                                    "hpos", "vpos")},
+                                    "shape": concept}}
+        for o in objects for concept in _concepts(o.shape)
+    ]
+    for r in range(1, len(COUNTED) + 1):
+        for names in itertools.combinations(COUNTED, r):
+            groups: dict[tuple[str, ...], int] = {}
+            for o in objects:
+                value = tuple(o.attribute(a) for a in names)
+                groups[value] = groups.get(value, 0) + 1
+            meaning += [{"kind": "count", "desc": dict(zip(names, value, strict=True)), "n": n}
+                        for value, n in groups.items() if n >= 2]
+    for x, y in itertools.permutations(objects, 2):
+        rels = [rel for rel in RELATIONS if relation_holds(rel, x, y, scene.size)]
+        meaning += [{"kind": "relation", "rel": rel, "a": {"shape": cx}, "b": {"shape": cy}}
+                    for rel in rels for cx in _concepts(x.shape) for cy in _concepts(y.shape)]
+    meaning.append({"kind": "background", "tone": scene.background.tone,
+                    "hue": scene.background.hue})
+    meaning.append({"kind": "total", "n": len(objects)})
+    return meaning
+
+
+def scene_tuples(scene: Scene) -> frozenset[Proposition]:
+    """Every tuple true of ``scene`` (the tuples of ``scene_meaning``)."""
+    return meaning_tuples(scene_meaning(scene))
+
+
 def test_scene_tuples_hold_and_contain_every_true_caption(tiny):
     scene = _scene()
     assert holds(scene_meaning(scene), scene)
@@ -190,14 +245,6 @@ def test_scene_tuples_hold_and_contain_every_true_caption(tiny):
         truth = scene_tuples(scene)
         for caption in record["captions"]:
             assert meaning_tuples(caption["meaning"]) <= truth, caption["raw"]
-
-
-def test_truth_relevance_is_f1_against_the_scene_tuples():
-    scene = _scene()
-    queries = [[RED_CIRCLE], [{"kind": "exists", "desc": {"shape": "square"}}]]
-    f1 = truth_relevance(queries, [scene])
-    n = len(scene_tuples(scene))
-    assert f1[0, 0] == pytest.approx(2 * 3 / (3 + n)) and f1[1, 0] == 0.0
 
 
 # ------------------------------------------------------------------------------------- files

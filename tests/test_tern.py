@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from wordpieces import bert_inputs
 
 from icr.config import from_flat, used_keys
 from icr.errors import ConfigError
 from icr.models.build import build_dual_encoder
 from icr.models.tern import TernCaptionEncoder, TernImageEncoder, TransformerStack
-from icr.models.tokens import bert_inputs, load_bert_tokenizer
+from icr.models.tokens import load_bert_tokenizer
 
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 WORDS += ["a", "red", "blue", "square", "circle", "on", "the", "left", "of", "."]

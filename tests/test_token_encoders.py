@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from wordpieces import bert_inputs
 
 from icr.errors import ConfigError
 from icr.models.pooling import POOLINGS
@@ -14,7 +15,6 @@ from icr.models.tokens import (
     BertTokenEncoder,
     GRUTokenEncoder,
     RegionTokenEncoder,
-    bert_inputs,
     load_bert_tokenizer,
     resolve_transformer_dir,
 )

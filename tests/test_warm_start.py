@@ -17,19 +17,18 @@ from studies.space import ConditionalSpace, Domain
 from studies.space_analysis import COMPLETE, PRUNED
 from studies.tracking import PARENT_TAG, Tracker
 from studies.trials import KEY, TrialSpec
-from studies.warm_start import (
-    OBSERVED_ATTR,
-    Observation,
-    WarmStart,
-    load_warm_start,
-    observed_numbers,
-)
+from studies.warm_start import OBSERVED_ATTR, Observation, WarmStart, load_warm_start
 
 from fakes import fake_study
 
 ETA = Domain("objective.eta", "uniform", (0.05, 0.3))
 BASE = {"objective.name": "lagrangian", "decoder.name": "ltd"}
 EPOCHS = 4
+
+
+def observed_numbers(study) -> list[int]:
+    """The numbers of the trials of an Optuna study that are observations of an earlier study."""
+    return [t.number for t in study.get_trials(deepcopy=False) if OBSERVED_ATTR in t.user_attrs]
 
 
 def score(eta: float, epoch: int) -> float:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -44,7 +44,6 @@ __all__ = [
     "BertTokenEncoder",
     "GRUTokenEncoder",
     "RegionTokenEncoder",
-    "bert_inputs",
     "default_bert_path",
     "length_mask",
     "load_bert_tokenizer",
@@ -235,22 +234,6 @@ def load_bert_tokenizer(path: str | Path | None = None) -> Any:
         ) from exc
     tokenizer.padding_side = "right"  # length_mask assumes the real tokens come first
     return tokenizer
-
-
-def bert_inputs(captions: Sequence[str], tokenizer: Any, max_len: int) -> dict[str, Tensor]:
-    """Wordpiece ids of a batch of captions, ``[CLS] ... [SEP]``, right-padded.
-
-    Returns ``input_ids`` (B, T) int64, ``attention_mask`` (B, T) bool and ``lengths`` (B,) int64,
-    the number of real wordpieces including ``[CLS]`` and ``[SEP]``, at most ``max_len``.
-    :class:`BertTokenEncoder` takes ``(input_ids, lengths)``.
-    """
-    if tokenizer.padding_side != "right":
-        raise ValueError("bert_inputs needs a right-padding tokenizer (see load_bert_tokenizer)")
-    enc = tokenizer(
-        list(captions), padding=True, truncation=True, max_length=max_len, return_tensors="pt"
-    )
-    mask = enc["attention_mask"].bool()  # (B, T)
-    return {"input_ids": enc["input_ids"], "attention_mask": mask, "lengths": mask.sum(dim=1)}
 
 
 @contextmanager

@@ -44,8 +44,6 @@ The query stays among its own image's references and its own entry is *not* set 
 ``2 |Q| / (|Q| + |R|)`` (precision 1). This follows TERN's SPICE relevance (``compute_relevance.py``
 of mesnico/TERN stores SPICE's ``All`` F-score for every image, its own included); the 1.0 of the
 ROUGE-L protocol comes out of ROUGE-L's max over references naturally, and is not transferred here.
-:func:`truth_relevance` scores the query against the tuples true of each scene instead
-(:func:`scene_tuples`), an option beyond SPICE.
 
 Shapes: the matrices are float32 in [0, 1]; rows follow the query order, columns the image order.
 """
@@ -58,15 +56,12 @@ from collections.abc import Sequence, Set
 import numpy as np
 from scipy import sparse
 
-from icr.data.synthetic.lexicon import HYPERNYMS
 from icr.data.synthetic.semantics import Clause, Desc, Meaning
-from icr.data.synthetic.world import RELATIONS, Scene, relation_holds
 
 GENERIC = "object"  # the head of a description that names no shape
 # a relation and its converse share one tuple: (rel, a, b) is stored as (CANONICAL[rel], b, a)
 CANONICAL = {"right_of": "left_of", "below": "above"}
 SYMMETRIC = frozenset({"next_to"})
-_COUNTED = ("shape", "colour", "size", "texture")  # what the grammar's count clauses describe
 
 Proposition = tuple[str, ...]
 
@@ -122,50 +117,6 @@ def meaning_tuples(meaning: Meaning) -> frozenset[Proposition]:
     return frozenset().union(*(clause_tuples(c) for c in meaning))
 
 
-def _concepts(shape: str) -> list[str]:
-    """A shape and every hypernym that names it (:data:`~.lexicon.HYPERNYMS`)."""
-    return [shape] + [h for h, members in HYPERNYMS.items() if shape in members]
-
-
-def scene_meaning(scene: Scene) -> list[dict]:
-    """A meaning that says everything the tuple vocabulary can say about ``scene``.
-
-    Every object with all its attributes (once per shape concept: its shape and each hypernym of
-    it), every count of two or more objects sharing some of shape, colour, size and texture (the
-    counts the grammar states), every relation that holds between two objects (by shape concept),
-    the background and the number of objects. It is true of ``scene`` (:func:`~.semantics.holds`),
-    and its tuples contain those of every true caption.
-    """
-    objects = scene.objects
-    meaning: list[dict] = [
-        {"kind": "exists", "desc": {**{a: o.attribute(a) for a in ("colour", "size", "texture",
-                                                                    "hpos", "vpos")},
-                                    "shape": concept}}
-        for o in objects for concept in _concepts(o.shape)
-    ]
-    for r in range(1, len(_COUNTED) + 1):
-        for names in itertools.combinations(_COUNTED, r):
-            groups: dict[tuple[str, ...], int] = {}
-            for o in objects:
-                value = tuple(o.attribute(a) for a in names)
-                groups[value] = groups.get(value, 0) + 1
-            meaning += [{"kind": "count", "desc": dict(zip(names, value, strict=True)), "n": n}
-                        for value, n in groups.items() if n >= 2]
-    for x, y in itertools.permutations(objects, 2):
-        rels = [rel for rel in RELATIONS if relation_holds(rel, x, y, scene.size)]
-        meaning += [{"kind": "relation", "rel": rel, "a": {"shape": cx}, "b": {"shape": cy}}
-                    for rel in rels for cx in _concepts(x.shape) for cy in _concepts(y.shape)]
-    meaning.append({"kind": "background", "tone": scene.background.tone,
-                    "hue": scene.background.hue})
-    meaning.append({"kind": "total", "n": len(objects)})
-    return meaning
-
-
-def scene_tuples(scene: Scene) -> frozenset[Proposition]:
-    """Every tuple true of ``scene`` (the tuples of :func:`scene_meaning`)."""
-    return meaning_tuples(scene_meaning(scene))
-
-
 def tuple_f1(queries: Sequence[Set], references: Sequence[Set]) -> np.ndarray:
     """F1 of every query tuple set against every reference tuple set, vectorised.
 
@@ -211,15 +162,3 @@ def caption_relevance(
     references = [frozenset().union(*map(meaning_tuples, ms)) for ms in image_meanings]
     return tuple_f1(queries, references)
 
-
-def truth_relevance(query_meanings: Sequence[Meaning], scenes: Sequence[Scene]) -> np.ndarray:
-    """Semantic relevance against the tuples true of each scene, not the scene's captions.
-
-    Precision is 1 exactly when every tuple of the query holds in the scene; recall is the share of
-    the scene's (many) true tuples the query states, so the scores run lower than
-    :func:`caption_relevance`'s.
-
-    Shapes:
-        returns ``(len(query_meanings), len(scenes))`` float32.
-    """
-    return tuple_f1([meaning_tuples(m) for m in query_meanings], [scene_tuples(s) for s in scenes])
