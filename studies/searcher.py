@@ -107,6 +107,8 @@ class StudySearcher(Searcher):
                 trial.set_user_attr(COST_ATTR, {**trial.user_attrs.get(COST_ATTR, {}),
                                                 str(int(step)): float(spent)})
             return
+        if int(step) in self.study.get_trials(deepcopy=False)[trial.number].intermediate_values:
+            return  # a result reported again after a restore (studies.trainable.resume_point)
         trial.report(float(value), int(step))
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None,

@@ -54,6 +54,7 @@ from studies.frameworks.tune import (
     BOOKKEEPING,
     METADATA_FILE,
     raised_in_callback,
+    stored_last_epoch,
     trial_exception,
     trial_folder,
 )
@@ -271,8 +272,15 @@ def resume_point(job: TrialJob, local: Path) -> tuple[Path | None, bool]:
     the driver records where it had not), then the marks of the trial's other checkpoints are
     removed, since Tune writes its next checkpoints into folders of its own numbering, theirs
     included.
+
+    One that Tune did give may lack its row in the trial's ``result.json`` in the storage: Tune
+    copies its saved state and the result files to the storage in parallel, and a driver killed
+    in between leaves a state naming the checkpoint beside a result file that ends before it
+    (seen on S3). Its result is then reported again, without a checkpoint: the result files
+    write the row, and MLflow, which holds the epoch, skips it.
     """
-    marked = marked_checkpoints(trial_folder(job.experiment))
+    folder = trial_folder(job.experiment)
+    marked = marked_checkpoints(folder)
     if not marked:
         return None, False
     checkpoint, record = max(marked, key=lambda pair: pair[1]["epoch"])
@@ -286,6 +294,8 @@ def resume_point(job: TrialJob, local: Path) -> tuple[Path | None, bool]:
         for other, _ in marked:
             if persisted is None or not _same(other, persisted):
                 unmark(other)
+    elif stored_last_epoch(folder) < record["epoch"]:
+        tune.report(dict(record))
     return local, bool(record.get("final"))
 
 

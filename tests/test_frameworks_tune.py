@@ -197,6 +197,43 @@ def test_a_checkpoint_copy_cut_short_is_not_taken_for_a_marked_one(tmp_path) -> 
     assert marked_checkpoints(str(trial)) == []
 
 
+@pytest.mark.parametrize(("stored", "reported"), [
+    (None, True),  # Tune's saved state copied, the result file not yet
+    ('{"epoch": 1, "val_rsum": 5.0}\n{"epoch": 2, "val_r', True),  # its row cut short
+    ('{"epoch": 1, "val_rsum": 5.0}\n{"epoch": 2, "val_rsum": 6.0}\n', False),
+])
+def test_a_resumed_checkpoint_whose_row_the_stored_result_file_lacks_is_reported_again(
+        tmp_path, monkeypatch, stored, reported) -> None:
+    """A restored trial that Tune gives its newest marked checkpoint (epoch 2) reports that
+    epoch's result again, without a checkpoint, where the trial's result.json in the storage
+    ends before it (a driver killed while Tune copied its state and the result files); the
+    result files then write the row and MLflow, which has the epoch, skips it."""
+    from ray import tune
+
+    from studies import trainable
+    from studies.trainable import TrialJob, mark, resume_point
+
+    trial = tmp_path / "experiment" / "trial_0"
+    for epoch in (1, 2):
+        folder = trial / f"checkpoint_00000{epoch - 1}"
+        folder.mkdir(parents=True)
+        (folder / "state.json").write_text(json.dumps({"epoch": epoch}))
+        mark(tune.Checkpoint.from_directory(str(folder)), {"epoch": epoch, "val_rsum": 4.0 + epoch})
+    if stored is not None:
+        (trial / "result.json").write_text(stored)
+    reports = []
+    monkeypatch.setattr(trainable, "trial_folder", lambda experiment: str(trial))
+    monkeypatch.setattr(tune, "get_checkpoint",
+                        lambda: tune.Checkpoint.from_directory(str(trial / "checkpoint_000001")))
+    monkeypatch.setattr(tune, "report", lambda metrics, checkpoint=None: reports.append(
+        (metrics, checkpoint)))
+    job = TrialJob("s", "search", str(tmp_path), str(trial.parent))
+    local, ended = resume_point(job, tmp_path / "resume")
+    assert local == tmp_path / "resume" and not ended
+    assert json.loads((local / "state.json").read_text()) == {"epoch": 2}
+    assert reports == ([({"epoch": 2, "val_rsum": 6.0}, None)] if reported else [])
+
+
 class Planted:
     """What a stranger with write access to the storage could put in a state file: unpickled,
     it makes a folder (any code would run the same way)."""

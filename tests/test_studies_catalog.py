@@ -236,6 +236,30 @@ def test_optuna_is_told_pruned_for_asha_stopped_trials(tmp_path: Path) -> None:
     assert "PRUNED" in log.read_text() and "COMPLETE" in log.read_text()
 
 
+def test_a_result_reported_again_is_told_to_optuna_once() -> None:
+    """A restored trial reports its checkpoint's epoch again where Tune's files lost its row
+    (studies.trainable.resume_point): Optuna keeps the first value, and says nothing (it warned
+    "The reported value is ignored because this `step=1` is already reported")."""
+    import warnings
+
+    import optuna
+
+    from studies.space import Domain
+
+    base = {"objective.name": "lagrangian", "decoder.name": "ltd"}
+    space = ConditionalSpace(base, (Domain("objective.eta", "uniform", (0.05, 0.3)),))
+    searcher = StudySearcher(space, functools.partial(TrialSpec.resolve, "lag", base),
+                             metric="val_rsum", mode="max", max_t=4,
+                             sampler=optuna.samplers.RandomSampler(seed=0))
+    searcher.suggest("a")
+    searcher.on_trial_result("a", {"val_rsum": 80.0, "epoch": 1})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        searcher.on_trial_result("a", {"val_rsum": 80.0, "epoch": 1})
+        searcher.on_trial_result("a", {"val_rsum": 90.0, "epoch": 2})
+    assert searcher.study.get_trials(deepcopy=False)[0].intermediate_values == {1: 80.0, 2: 90.0}
+
+
 def test_the_searcher_is_saved_and_restored_with_its_trials(tmp_path: Path, monkeypatch) -> None:
     """What Tuner.restore needs: a restored searcher knows the trials asked and told so far.
     Neither study prints Optuna's "A new study created" line (the status line says what is

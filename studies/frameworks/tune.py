@@ -184,12 +184,30 @@ class EpochJsonLogger(_OncePerEpoch, JsonLoggerCallback):
         JsonLoggerCallback.log_trial_start(self, trial)
 
     def _last_epoch(self, folder: Path) -> float:
-        last = float("-inf")
         with contextlib.suppress(OSError):
-            for line in (folder / RESULT_FILE).read_text().splitlines():
-                with contextlib.suppress(ValueError, TypeError, AttributeError):
-                    last = max(last, float(json.loads(line).get("epoch")))
-        return last
+            return last_epoch_of((folder / RESULT_FILE).read_text())
+        return float("-inf")
+
+
+def last_epoch_of(result_json: str) -> float:
+    """The last epoch of the rows of a trial's ``result.json`` (-inf when none: a row cut short
+    by a kill is skipped)."""
+    last = float("-inf")
+    for line in result_json.splitlines():
+        with contextlib.suppress(ValueError, TypeError, AttributeError):
+            last = max(last, float(json.loads(line).get("epoch")))
+    return last
+
+
+def stored_last_epoch(trial_folder: str) -> float:
+    """The last epoch of the ``result.json`` of a trial's folder in the storage (a path or a
+    URI, read through its file system); -inf when it has none or cannot be read."""
+    fs, path = storage.filesystem(storage.join(trial_folder, RESULT_FILE))
+    try:
+        with fs.open_input_stream(path) as stream:
+            return last_epoch_of(stream.read().decode("utf-8", errors="replace"))
+    except OSError:
+        return float("-inf")
 
 
 class EpochCsvLogger(_OncePerEpoch, CSVLoggerCallback):
