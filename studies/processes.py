@@ -73,15 +73,16 @@ def stop_signals_deferred() -> Iterator[None]:
 def family(marker: str | None, folder: Path | None = None,
            spare: Collection[int] = ()) -> list[psutil.Process]:
     """This user's running processes with ``MARKER=marker`` or a file open for writing inside
-    ``folder`` (``None``: that test is not made), and their descendants, except this one and the
-    PIDs in ``spare``, and the descendants of those two that are not of the family themselves.
+    ``folder`` (``None``: that test is not made), and their descendants; never this process, the
+    PIDs in ``spare``, or what those started that is not of the family itself.
 
     Give a ``folder`` only where it is known to be the instance's own (its processes' logs are
     the only files in it): a file written there is then the mark of a process that Ray renamed
-    (the dashboard's modules and agents carry no marker; each appends to its log). A reader of
-    a log there (a user's ``tail -f``) is not of the family. The driver holds files open there too, and is spared (the launcher's sweep spares it), and so
-    are the processes the driver started itself: Python's ``multiprocessing`` resource tracker, a
-    tracking server, a data loader's workers.
+    (the dashboard's modules and agents carry no marker; each appends to its log), and a process
+    that only reads a log there (a user's ``tail -f``) is not of the family. The driver writes
+    its logs there too and is spared (the launcher's sweep spares it), and so are the processes
+    it started itself: Python's ``multiprocessing`` resource tracker, a tracking server, a data
+    loader's workers.
     """
     inside = str(folder.resolve()) + os.sep if folder is not None else None
     found: dict[int, psutil.Process] = {}
