@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
+import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -36,12 +37,19 @@ class StopSignals:
     interrupted), the entry point that holds the block sees ``received`` and ends with
     "interrupted". ``ray.init`` installs its own SIGTERM handler: :func:`handlers_kept` puts
     this one back. Main thread only; the previous handlers come back on exit; blocks nest.
+
+    A handler runs wherever the main thread is: inside a weakref callback, a ``__del__`` or a
+    library's fork handler, Python reports its KeyboardInterrupt as "Exception ignored in ..."
+    with a traceback, and drops it. Within the block that report is left out
+    (``sys.unraisablehook``) for a stop signal received: the signal is remembered, and
+    :meth:`check` raises it again where it counts.
     """
 
     def __init__(self) -> None:
         self.received: int | None = None  # the first stop signal, if any
         self._previous: dict[int, Any] = {}
         self._outer: StopSignals | None = None  # the block this one is nested in
+        self._unraisable: Any = None  # the hook this block replaced
 
     def __enter__(self) -> StopSignals:
         self._previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
@@ -51,11 +59,20 @@ class StopSignals:
             signal.signal(signal.SIGINT, self._ctrl_c)  # another's own handler (Tune's) stays
         for sig in (signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, self._as_ctrl_c)
+        self._unraisable, sys.unraisablehook = sys.unraisablehook, self._unraisable_hook
         return self
 
     def __exit__(self, *exc: object) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+        sys.unraisablehook = self._unraisable
+
+    def _unraisable_hook(self, unraisable: Any) -> None:
+        if self.received and isinstance(unraisable.exc_value, KeyboardInterrupt):
+            log.info("a stop signal came inside %r; the study stops at its next check",
+                     unraisable.object)
+            return
+        self._unraisable(unraisable)
 
     def check(self) -> None:
         """Raise KeyboardInterrupt if a stop signal came: the one its handler raised can be lost

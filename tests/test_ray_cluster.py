@@ -75,6 +75,39 @@ with StopSignals():
 """
 
 
+# A stop signal that lands in a weakref callback (where Python drops exceptions), then the check
+# the entry point makes.
+SIGNALLED_IN_A_CALLBACK = """
+import gc, signal, sys, weakref
+from studies.signals import StopSignals
+class Thing:
+    pass
+with StopSignals() as stop:
+    thing = Thing()
+    ref = weakref.ref(thing, lambda r: signal.raise_signal(signal.SIGHUP))
+    del thing
+    gc.collect()
+    print("after the callback", flush=True)
+    try:
+        stop.check()
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+        sys.exit(130)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_stop_signal_inside_a_weakref_callback_prints_no_traceback_and_still_stops() -> None:
+    """CI's chaos run met a SIGHUP inside a WeakValueDictionary's callback: Python printed
+    "Exception ignored in ..." and the handler's KeyboardInterrupt traceback; the driver's
+    output must hold no traceback."""
+    done = subprocess.run([sys.executable, "-c", SIGNALLED_IN_A_CALLBACK], cwd=ROOT, env=ENV,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 130, done.stderr
+    assert done.stdout.split() == ["after", "the", "callback", "interrupted"]
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(("sig", "mode", "code", "said"), [
     (signal.SIGTERM, "plain", 130, "interrupted"),
