@@ -184,9 +184,7 @@ class EpochJsonLogger(_OncePerEpoch, JsonLoggerCallback):
         JsonLoggerCallback.log_trial_start(self, trial)
 
     def _last_epoch(self, folder: Path) -> float:
-        with contextlib.suppress(OSError):
-            return last_epoch_of((folder / RESULT_FILE).read_text())
-        return float("-inf")
+        return stored_last_epoch(str(folder))
 
 
 def last_epoch_of(result_json: str) -> float:
