@@ -49,7 +49,7 @@ from studies import storage
 from studies.frameworks.optuna import study_from_json, trials_to_json
 from studies.space import ConditionalSpace
 from studies.space_analysis import quiet_optuna
-from studies.trials import KEY, TrialSpec, full_budget
+from studies.trials import KEY, EpochLedger, TrialSpec, full_budget
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +88,7 @@ class StudySearcher(Searcher):
         # the study's record of it)
         self.trials: dict[str, optuna.trial.Trial | optuna.trial.FrozenTrial] = {}
         self.ended: dict[int, str] = {}  # Optuna trial number -> Tune trial id, once told
+        self.reported = EpochLedger()  # Tune trial id -> its last step reported to Optuna
 
     def suggest(self, trial_id: str) -> dict[str, Any] | None:
         if trial_id not in self.trials:
@@ -107,9 +108,11 @@ class StudySearcher(Searcher):
                 trial.set_user_attr(COST_ATTR, {**trial.user_attrs.get(COST_ATTR, {}),
                                                 str(int(step)): float(spent)})
             return
-        if int(step) in self.study.get_trials(deepcopy=False)[trial.number].intermediate_values:
-            return  # a result reported again after a restore (studies.trainable.resume_point)
-        trial.report(float(value), int(step))
+        if not self.reported.knows(trial_id):  # Optuna's values, restored with the searcher
+            told = self.study.get_trials(deepcopy=False)[trial.number].intermediate_values
+            self.reported.open(trial_id, max(told, default=-math.inf))
+        if self.reported.admit(trial_id, int(step)):  # not an epoch reported again after a restore
+            trial.report(float(value), int(step))
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None,
                           error: bool = False) -> None:
@@ -152,6 +155,7 @@ class StudySearcher(Searcher):
         self.study = study
         self.trials = {tid: live[number] for tid, number in state["tune_trials"].items()}
         self.ended = {int(number): tid for number, tid in state["ended"].items()}
+        self.reported = EpochLedger()
 
     def _write_log(self) -> None:
         if not self.log_path:

@@ -68,7 +68,7 @@ from studies import storage
 from studies.failures import error_line
 from studies.frameworks import mlflow as mlflow_adapter
 from studies.frameworks.tune import BOOKKEEPING, CHECKPOINT_DIR, trial_error
-from studies.trials import epochs_of, full_budget, spec_of
+from studies.trials import EpochLedger, epochs_of, full_budget, spec_of
 
 log = logging.getLogger(__name__)
 
@@ -517,17 +517,12 @@ class MlflowTrialCallback(Callback):
     An epoch reported without a checkpoint is recorded when its result arrives; one reported
     with a checkpoint once Tune has saved the checkpoint (:meth:`on_checkpoint`).
 
-    Each epoch once. Three stores hold an epoch, each written at its own moment: the trial's
-    checkpoint mark first (in the worker; where a restored trial continues,
-    :func:`studies.trainable.resume_point`), Tune's result files when the result arrives (they
-    reach the storage with Tune's background copy), and this run once Tune has saved the
-    checkpoint. A killed driver leaves them at different epochs, and a restored trial reports
-    one epoch again: its resume point's, when Tune's saved state lost it. Each store writes
-    that epoch only where it lacks it: this run above its last recorded epoch (read from MLflow
-    when the run is first opened), Tune's files above their last row
-    (:class:`studies.frameworks.tune.EpochJsonLogger`). Neither can stand for the other: MLflow
-    may hold the epoch while the copied file lacks it, or the reverse
-    (``tests/test_tracking.py``: a replayed epoch reaches each store that lacks it).
+    Each epoch once (:class:`studies.trials.EpochLedger`): a restored trial reports the epoch
+    it continues after again (:func:`studies.trainable.resume_point`), which this run may hold
+    already; it is written only above the run's last recorded epoch, read from MLflow when the
+    run is first opened. MLflow and Tune's result files are written at different moments, and
+    a killed driver leaves either ahead (``tests/test_tracking.py``: a replayed epoch reaches
+    each store that lacks it).
     """
 
     def __init__(
@@ -541,11 +536,11 @@ class MlflowTrialCallback(Callback):
         self.fingerprints = dict(fingerprints)
         self.max_epochs = dict(max_epochs)  # per condition: a trial's full budget in epochs
         self._runs: dict[str, str] = {}
-        self._last_epoch: dict[str, int] = {}
+        self._ledger = EpochLedger()  # run id -> its last epoch recorded
         self._step_tags: dict[str, dict[str, str]] = {}  # run id -> its steps.* tags written
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_runs": {}, "_last_epoch": {}, "_step_tags": {}}
+        return {**self.__dict__, "_runs": {}, "_ledger": EpochLedger(), "_step_tags": {}}
 
     def run_id(self, trial: Any) -> str:
         if trial.trial_id not in self._runs:
@@ -558,7 +553,7 @@ class MlflowTrialCallback(Callback):
             run_id = self.tracker.child_run(self.parent_id, trial.trial_id, spec.name, tags,
                                             spec.params)
             self._runs[trial.trial_id] = run_id
-            self._last_epoch[run_id] = self.tracker.last_step(run_id, "epoch")
+            self._ledger.open(run_id, self.tracker.last_step(run_id, "epoch"))
         return self._runs[trial.trial_id]
 
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
@@ -573,11 +568,9 @@ class MlflowTrialCallback(Callback):
         """Record one epoch's result, unless its run has it already (an epoch replayed after a
         restore)."""
         run_id = self.run_id(trial)
-        epoch = epochs_of(result)
-        if epoch <= self._last_epoch[run_id]:
+        if not self._ledger.admit(run_id, epochs_of(result)):
             return
         self.tracker.log_batch(run_id, epoch_metrics(result, int(time.time() * 1000)))
-        self._last_epoch[run_id] = epoch
         tags = step_tags(result)
         if tags and tags != self._step_tags.get(run_id):  # written when they change
             self.tracker.set_tags(run_id, tags)

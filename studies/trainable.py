@@ -54,7 +54,6 @@ from studies.frameworks.tune import (
     BOOKKEEPING,
     METADATA_FILE,
     raised_in_callback,
-    stored_last_epoch,
     trial_exception,
     trial_folder,
 )
@@ -273,11 +272,12 @@ def resume_point(job: TrialJob, local: Path) -> tuple[Path | None, bool]:
     removed, since Tune writes its next checkpoints into folders of its own numbering, theirs
     included.
 
-    One that Tune did give may lack its row in the trial's ``result.json`` in the storage: Tune
-    copies its saved state and the result files to the storage in parallel, and a driver killed
-    in between leaves a state naming the checkpoint beside a result file that ends before it
-    (seen on S3). Its result is then reported again, without a checkpoint: the result files
-    write the row, and MLflow, which holds the epoch, skips it.
+    One that Tune did give is reported again too, without a checkpoint: a store of the trial's
+    epochs may lack it, and the trial cannot see which. MLflow's record is written once Tune
+    has saved the checkpoint, Tune's result files reach the storage with its background copy,
+    in parallel with its saved state: a driver killed in between leaves a state naming the
+    checkpoint beside a result file that ends before it (seen on S3), or an MLflow run that
+    does. Each store writes the epoch where it lacks it (:class:`studies.trials.EpochLedger`).
     """
     folder = trial_folder(job.experiment)
     marked = marked_checkpoints(folder)
@@ -294,7 +294,7 @@ def resume_point(job: TrialJob, local: Path) -> tuple[Path | None, bool]:
         for other, _ in marked:
             if persisted is None or not _same(other, persisted):
                 unmark(other)
-    elif stored_last_epoch(folder) < record["epoch"]:
+    else:
         tune.report(dict(record))
     return local, bool(record.get("final"))
 

@@ -95,3 +95,41 @@ def full_budget(epochs: int, max_epochs: int) -> bool:
     requires, the searcher tells Optuna (COMPLETE, else PRUNED) and a run's tags record (an
     ASHA-stopped trial did not)."""
     return epochs >= max_epochs
+
+
+class EpochLedger:
+    """Each epoch of a trial once in a store of its epochs: the one rule that keeps an epoch
+    from being recorded twice, for every store that records one (MLflow's run,
+    :class:`studies.tracking.MlflowTrialCallback`; Tune's result files,
+    :class:`studies.frameworks.tune.EpochJsonLogger` and ``EpochCsvLogger``; Optuna's
+    intermediate values, :class:`studies.searcher.OptunaSearcher`).
+
+    A killed driver leaves the stores at different epochs: each is written at its own moment
+    (MLflow when Tune has saved the epoch's checkpoint, the result files when its result
+    arrives, copied to the storage in the background, Optuna's trials with the searcher's saved
+    state), and a trial cannot see which of them lack an epoch. So a restored trial always
+    reports the epoch it continues after again (:func:`studies.trainable.resume_point`), and a
+    store writes an epoch only above the last one it holds: read from the store itself when the
+    store first meets the trial (:meth:`open`), then kept here.
+    """
+
+    def __init__(self) -> None:
+        self._last: dict[str, float] = {}  # a trial's key in its store -> its last epoch there
+
+    def knows(self, key: str) -> bool:
+        return key in self._last
+
+    def open(self, key: str, last: float) -> None:
+        """Keep ``key``, whose store holds its epochs up to ``last`` (-inf or 0: none)."""
+        self._last[key] = last
+
+    def admit(self, key: str, epoch: float) -> bool:
+        """Whether the store lacks ``epoch`` of ``key`` (opened); if so, it is taken as written."""
+        if epoch <= self._last[key]:
+            return False
+        self._last[key] = epoch
+        return True
+
+    def close(self, key: str) -> None:
+        """Forget ``key``: opened again, its last epoch is read from the store again."""
+        self._last.pop(key, None)

@@ -236,10 +236,11 @@ def test_optuna_is_told_pruned_for_asha_stopped_trials(tmp_path: Path) -> None:
     assert "PRUNED" in log.read_text() and "COMPLETE" in log.read_text()
 
 
-def test_a_result_reported_again_is_told_to_optuna_once() -> None:
-    """A restored trial reports its checkpoint's epoch again where Tune's files lost its row
+def test_a_result_reported_again_is_told_to_optuna_once(tmp_path: Path) -> None:
+    """A restored trial reports the epoch it continues after again
     (studies.trainable.resume_point): Optuna keeps the first value, and says nothing (it warned
-    "The reported value is ignored because this `step=1` is already reported")."""
+    "The reported value is ignored because this `step=1` is already reported"), also when the
+    searcher itself was restored from its saved state (the values it told are Optuna's)."""
     import warnings
 
     import optuna
@@ -258,6 +259,17 @@ def test_a_result_reported_again_is_told_to_optuna_once() -> None:
         searcher.on_trial_result("a", {"val_rsum": 80.0, "epoch": 1})
         searcher.on_trial_result("a", {"val_rsum": 90.0, "epoch": 2})
     assert searcher.study.get_trials(deepcopy=False)[0].intermediate_values == {1: 80.0, 2: 90.0}
+    searcher.save(str(tmp_path / "searcher.json"))
+    restored = StudySearcher(space, functools.partial(TrialSpec.resolve, "lag", base),
+                             metric="val_rsum", mode="max", max_t=4,
+                             sampler=optuna.samplers.RandomSampler(seed=0))
+    restored.restore(str(tmp_path / "searcher.json"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        restored.on_trial_result("a", {"val_rsum": 91.0, "epoch": 2})
+        restored.on_trial_result("a", {"val_rsum": 95.0, "epoch": 3})
+    assert restored.study.get_trials(deepcopy=False)[0].intermediate_values == {
+        1: 80.0, 2: 90.0, 3: 95.0}
 
 
 def test_the_searcher_is_saved_and_restored_with_its_trials(tmp_path: Path, monkeypatch) -> None:

@@ -44,6 +44,7 @@ from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
 from studies import storage
 from studies.frameworks import reaching
+from studies.trials import EpochLedger
 
 log = logging.getLogger(__name__)
 
@@ -136,9 +137,10 @@ def _exists(checkpoint: tune.Checkpoint) -> bool:
 
 
 class _OncePerEpoch:
-    """A result-file logger of Tune that writes each epoch of a trial once.
+    """A result-file logger of Tune that writes each epoch of a trial once
+    (:class:`studies.trials.EpochLedger`).
 
-    A restored trial reports again the result of a checkpoint that Tune's saved state lost
+    A restored trial reports the epoch it continues after again
     (:func:`studies.trainable.resume_point`), which the trial's file may hold already (the
     driver had logged it before it was killed): Tune's loggers would append it a second time.
     The file's last epoch is read each time Tune's logger opens the file, after Tune has
@@ -148,25 +150,23 @@ class _OncePerEpoch:
 
     def __init__(self) -> None:
         super().__init__()
-        self._logged: dict[str, float] = {}  # trial id -> the last epoch in its open file
+        self._ledger = EpochLedger()  # trial id -> the last epoch in its open file
 
     def log_trial_start(self, trial: Any) -> None:
         self._open(trial)
-        self._logged[trial.trial_id] = self._last_epoch(Path(trial.local_path))
+        self._ledger.open(trial.trial_id, self._last_epoch(Path(trial.local_path)))
 
     def log_trial_result(self, iteration: int, trial: Any, result: dict) -> None:
-        if trial.trial_id not in self._logged:
+        if not self._ledger.knows(trial.trial_id):
             self.log_trial_start(trial)
         epoch = result.get("epoch")
-        if isinstance(epoch, int | float) and epoch <= self._logged[trial.trial_id]:
+        if isinstance(epoch, int | float) and not self._ledger.admit(trial.trial_id, epoch):
             return
         super().log_trial_result(iteration, trial, result)
-        if isinstance(epoch, int | float):
-            self._logged[trial.trial_id] = epoch
 
     def log_trial_end(self, trial: Any, failed: bool = False) -> None:
         super().log_trial_end(trial, failed)
-        self._logged.pop(trial.trial_id, None)  # opened and read again if it restarts
+        self._ledger.close(trial.trial_id)  # opened and read again if it restarts
 
     @abc.abstractmethod
     def _open(self, trial: Any) -> None:
