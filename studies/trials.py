@@ -102,7 +102,7 @@ class EpochLedger:
     from being recorded twice, for every store that records one (MLflow's run,
     :class:`studies.tracking.MlflowTrialCallback`; Tune's result files,
     :class:`studies.frameworks.tune.EpochJsonLogger` and ``EpochCsvLogger``; Optuna's
-    intermediate values, :class:`studies.searcher.OptunaSearcher`).
+    intermediate values, :class:`studies.searcher.StudySearcher`).
 
     A killed driver leaves the stores at different epochs: each is written at its own moment
     (MLflow when Tune has saved the epoch's checkpoint, the result files when its result
