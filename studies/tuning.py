@@ -66,7 +66,15 @@ from studies.signals import StudyIncomplete
 from studies.space import ConditionalSpace, grid_points
 from studies.tracking import PARENT_TAG, MlflowTrialCallback
 from studies.trainable import StopWhenUnreadable, TrialJob, run_trial, unreadable_stops
-from studies.trials import KEY, TrialSpec, epochs_of, full_budget, spec_of, trial_label
+from studies.trials import (
+    KEY,
+    EpochLedger,
+    TrialSpec,
+    epochs_of,
+    full_budget,
+    spec_of,
+    trial_label,
+)
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +121,7 @@ class ProgressCallback(tune.Callback):
         self.resources = dict(resources or {})  # what each trial asks (named while one waits)
         self._last = progress.clock()
         self._ended: set[str] = set()
+        self._timed = EpochLedger()  # trial id -> its last epoch (timed here, or restored)
         self._tqdm: Any = None
         self._seeded = False
 
@@ -123,7 +132,7 @@ class ProgressCallback(tune.Callback):
                          self.progress.metric, self.progress.mode, self.progress.slots,
                          groups=self.progress.groups, named_after=self.progress.named_after)
         return {**self.__dict__, "progress": fresh, "say": say_now, "_tqdm": None, "_last": 0.0,
-                "_ended": set()}
+                "_ended": set(), "_timed": EpochLedger()}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -133,9 +142,16 @@ class ProgressCallback(tune.Callback):
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict,
                         **info: Any) -> None:
         spec = spec_of(trial.config)
+        if self._timed.knows(trial.trial_id) and not self._timed.admit(trial.trial_id,
+                                                                       epochs_of(result)):
+            # the epoch a restored trial continues after, reported again
+            # (studies.trainable.resume_point): no epoch's time
+            self.progress.on_score(trial.trial_id, result, spec.name)
+            return
         self.progress.on_result(trial.trial_id, result, spec.name, spec.condition)
 
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self._timed.open(trial.trial_id, epochs_of(trial.last_result))
         self.progress.on_start(trial.trial_id)
 
     def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:

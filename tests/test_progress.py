@@ -174,6 +174,24 @@ def test_the_callback_writes_a_line_every_interval_without_results_and_at_each_e
     assert said[3].startswith("search lagrangian: 1 done, 1 running, 1 left; ")
 
 
+def test_the_epoch_a_restored_trial_reports_again_is_not_timed_again() -> None:
+    """A restored trial reports the epoch it continues after again
+    (studies.trainable.resume_point), its ``time_this_iter_s`` the seconds the worker took to
+    start and restore (0.5 here), not an epoch's: the estimate would fall at every restore. Its
+    score still counts; the next epoch is timed."""
+    clock = Clock()
+    progress = Progress("search lagrangian", expected=1, max_epochs=4, metric="val_rsum", clock=clock)
+    callback = ProgressCallback(progress, say=lambda line: None, interval=30.0)
+    trial = FakeTrial("a", tune_config("lagrangian", {"objective.eta": 0.25}), "RUNNING",
+                      {"epoch": 2, "val_rsum": 150.0, "time_this_iter_s": 60.0})  # restored
+    callback.on_trial_start(iteration=0, trials=[trial], trial=trial)
+    for epoch, seconds, score in ((2, 0.5, 150.0), (3, 62.0, 170.0)):
+        trial.last_result = {"epoch": epoch, "val_rsum": score, "time_this_iter_s": seconds}
+        callback.on_trial_result(iteration=0, trials=[trial], trial=trial, result=trial.last_result)
+    assert progress.epoch_seconds == {"lagrangian": [62.0]}
+    assert progress.best == (170.0, "lagrangian eta=0.25")
+
+
 def test_the_callback_survives_being_pickled_into_a_tune_experiment(capsys) -> None:
     said: list[str] = []
     progress = Progress("confirm", expected=2, max_epochs=2, metric="val_rsum", clock=Clock())
