@@ -26,6 +26,7 @@ from mlflow.tracking import MlflowClient
 
 from icr.config import key_specs
 from studies.catalog import Recipe, Study
+from studies.frameworks.tune import saved_by_tune
 from studies.pipeline import Backend
 from studies.run import main
 from studies.trials import spec_of
@@ -445,14 +446,24 @@ def test_a_trial_restored_from_a_lagging_tune_state_continues_after_its_recorded
                               stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])})
     deadline = time.monotonic() + 180
     try:
-        # Both trials started and hold before their first epoch; Tune's state on storage has them.
-        saved, trials = None, set()
+        # Both trials started and hold before their first epoch; Tune's state on storage has them,
+        # saved whole: a copy taken while Tune writes its searcher's state after the trials' would
+        # be an experiment never saved whole, which the platform starts over (test_frameworks_tune)
+        saved, trials, copy = None, set(), tmp_path / "saved"
         while saved is None and driver.poll() is None and time.monotonic() < deadline:
             trials = {trial_of(json.loads(p.read_text())) for p in records.glob("*.json")}
             states = list(workspace.glob("ray/fake/*/search-lagrangian/experiment_state-*.json"))
-            if len(trials) == 2 and states and all(t in states[-1].read_text() for t in trials):
-                experiment = states[-1].parent
-                saved = {p.name: p.read_bytes() for p in experiment.iterdir() if p.is_file()}
+            if len(trials) == 2 and states:
+                experiment = states[0].parent
+                taken = {p.name: p.read_bytes() for p in experiment.iterdir() if p.is_file()}
+                shutil.rmtree(copy, ignore_errors=True)
+                copy.mkdir()
+                for name, data in taken.items():
+                    (copy / name).write_bytes(data)
+                newest = max(copy.glob("experiment_state-*.json"), default=None)
+                if (saved_by_tune(copy) and newest is not None
+                        and all(t in newest.read_text() for t in trials)):
+                    saved = taken
             time.sleep(0.1)  # waits for the driver, not for time
         assert saved is not None, (tmp_path / "driver.log").read_text()[-3000:]
         (gate / "go").touch()
