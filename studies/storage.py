@@ -12,16 +12,26 @@ the file system ``pyarrow.fs.FileSystem.from_uri`` gives for it (:func:`filesyst
 string, as Ray documents for S3-compatible servers
 (``s3://bucket/path?endpoint_override=host:9000&scheme=http``): sub-paths are joined to its path,
 before the query (:func:`join`), so every location keeps them.
+
+Tune writes a folder through :func:`tune_storage`'s file system, which writes each file whole:
+Ray copies Tune's saved state from the driver's staging folder to the storage file by file, in
+place, while Tune goes on saving; a driver killed during a copy left a state file cut short,
+and the experiment, never saved whole, was started over (its trials' work lost). An object
+store writes an object whole by itself.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import io
 import math
 import os
 import urllib.parse
+import uuid
 from pathlib import Path
 
+import fsspec.implementations.local
+import pyarrow
 import pyarrow.fs
 
 from icr.errors import UserError
@@ -106,6 +116,74 @@ def filesystem(location: str | os.PathLike) -> tuple[pyarrow.fs.FileSystem, str]
     if "://" in location:
         return pyarrow.fs.FileSystem.from_uri(location)
     return pyarrow.fs.LocalFileSystem(), str(Path(location).expanduser().absolute())
+
+
+def tune_storage(location: str | os.PathLike) -> tuple[str, pyarrow.fs.FileSystem | None]:
+    """What Tune is given for its storage ``location``: ``RunConfig``'s (and ``Tuner.restore``'s)
+    ``storage_path`` and ``storage_filesystem``. A folder is written through
+    :class:`WholeFiles`; a URI through the file system Tune builds from it (``None``)."""
+    location = os.fspath(location)
+    if "://" in location:
+        return location, None
+    return filesystem(location)[1], pyarrow.fs.PyFileSystem(WholeFiles())
+
+
+def is_local(fs: pyarrow.fs.FileSystem) -> bool:
+    """Whether ``fs`` reads and writes this machine's folders (a local or mounted disk)."""
+    return isinstance(fs, pyarrow.fs.LocalFileSystem) or (
+        isinstance(fs, pyarrow.fs.PyFileSystem) and isinstance(fs.handler, WholeFiles))
+
+
+class WholeFiles(pyarrow.fs.FSSpecHandler):
+    """This machine's folders, each file written whole: under a hidden temporary name beside
+    it (``.NAME.HEX.partial``, which no pattern of Tune's or the platform's matches), renamed
+    to ``NAME`` when closed. A reader meets the file as it was before or as it is after a
+    write, never part of one: a process killed while writing leaves the old file (and the
+    temporary one), and a write that fails is not renamed. A rename within a folder is atomic
+    on a local disk and on NFS. Without fsync: a killed process loses nothing the kernel took,
+    a machine that loses power may."""
+
+    def __init__(self) -> None:
+        super().__init__(fsspec.implementations.local.LocalFileSystem())
+
+    def get_type_name(self) -> str:
+        return "icr-whole-files"
+
+    def open_output_stream(self, path: str, metadata: dict | None) -> pyarrow.NativeFile:
+        return pyarrow.PythonFile(_WholeFile(path), mode="w")
+
+
+class _WholeFile(io.FileIO):
+    """A file written under a temporary name, moved to ``path`` when closed after every write
+    succeeded (:class:`WholeFiles`)."""
+
+    def __init__(self, path: str) -> None:
+        folder, name = os.path.split(path)
+        os.makedirs(folder, exist_ok=True)  # as fsspec's local files do: Ray's copies rely on it
+        super().__init__(os.path.join(folder, f".{name}.{uuid.uuid4().hex}.partial"), "xb")
+        self.path = path
+        self.failed = False
+
+    def write(self, data: bytes) -> int:  # type: ignore[override]
+        try:
+            return super().write(data)
+        except BaseException:
+            self.failed = True
+            raise
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        try:
+            super().close()
+        except BaseException:
+            self.failed = True
+            raise
+        finally:
+            if self.failed:
+                os.remove(self.name)
+            else:
+                os.replace(self.name, self.path)
 
 
 def read_bytes(location: str | os.PathLike) -> bytes:

@@ -60,7 +60,7 @@ from typing import Any
 import mlflow
 from mlflow import MlflowClient, MlflowException
 from mlflow.entities import Metric, Param, RunTag
-from ray.tune import Callback
+from ray.tune import Callback, Checkpoint
 
 from icr.errors import UserError
 from icr.workspace import sqlite_file
@@ -505,9 +505,9 @@ def checkpoint_location(checkpoint: Any, storage_root: str = "") -> str:
     file system, else its URI (``s3://bucket/...``, ``gcs://bucket/...``) with the query string
     of the study's storage URI ``storage_root`` (its file system's options: an S3-compatible
     server's ``endpoint_override``, say)."""
-    kind = checkpoint.filesystem.type_name
-    if kind == "local":
+    if storage.is_local(checkpoint.filesystem):
         return checkpoint.path
+    kind = checkpoint.filesystem.type_name
     return storage.with_query_of(f"{kind}://{checkpoint.path}", storage_root)
 
 
@@ -592,6 +592,8 @@ class MlflowTrialCallback(Callback):
         files = result.get("artifacts") or ()
         if not files:
             return
+        if storage.is_local(checkpoint.filesystem):  # read in place: as_directory would copy it
+            checkpoint = Checkpoint(checkpoint.path)
         with checkpoint.as_directory() as directory:
             for name in files:
                 path = Path(directory) / name

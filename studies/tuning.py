@@ -264,7 +264,8 @@ def restore_tuner(session: Session, name: str, trainable: type,
     state = newest_searcher_state(path)
     if state is not None:
         read_state(state)  # one line naming it if it is not the JSON a searcher writes
-    return tune.Tuner.restore(path, trainable, param_space=param_space,
+    where, filesystem = storage.tune_storage(path)
+    return tune.Tuner.restore(where, trainable, param_space=param_space, storage_filesystem=filesystem,
                               resume_unfinished=True, resume_errored=True)
 
 
@@ -272,9 +273,11 @@ def new_tuner(session: Session, name: str, trainable: type, param_space: dict[st
               tune_config: tune.TuneConfig, callbacks: list[tune.Callback]) -> tune.Tuner:
     """A new Tuner of experiment ``name`` in the study run's storage: one checkpoint kept per
     trial, the study's retries of a lost trial."""
+    where, filesystem = storage.tune_storage(session.storage_path)
     run_config = tune.RunConfig(
         name=name,
-        storage_path=session.storage_path,
+        storage_path=where,
+        storage_filesystem=filesystem,
         failure_config=tune.FailureConfig(max_failures=session.plan.study.max_failures),
         checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
         callbacks=callbacks,

@@ -9,6 +9,7 @@ readings of Tune's saved state through :mod:`pyarrow.fs`. The slow ones run stud
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -156,6 +157,80 @@ def test_tune_s_saved_state_is_read_and_removed_through_the_storage_s_file_syste
     storage.remove_folder(experiment)
     assert storage.names(experiment) == [] and not saved_by_tune(experiment)
     storage.remove_folder(experiment)  # gone already: nothing to do
+
+
+KILLED_WRITER = """
+import os, signal, sys
+from studies import storage
+path, filesystem = storage.tune_storage(sys.argv[1])
+out = filesystem.open_output_stream(path + "/experiment_state-1.json")
+out.write(b'{"trial_data": [')  # the first part of a copy, as Ray writes it
+out.flush()
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_folder_is_given_to_tune_through_a_file_system_that_writes_each_file_whole(
+        tmp_path: Path) -> None:
+    """A driver killed while Ray copied Tune's state into the storage left the file cut short,
+    and the experiment was started over: through :func:`storage.tune_storage` a write is seen
+    whole or not at all, also by a process killed in the middle of it (SIGKILL)."""
+    import pickle
+    import subprocess
+    import sys
+
+    import pyarrow.fs
+
+    from studies.frameworks.tune import saved_by_tune
+
+    path, fs = storage.tune_storage(tmp_path / "exp")
+    assert path == str((tmp_path / "exp").absolute()) and storage.is_local(fs)
+    assert storage.tune_storage("s3://b/p?scheme=http") == ("s3://b/p?scheme=http", None)
+    state = tmp_path / "exp" / "experiment_state-1.json"
+    with fs.open_output_stream(str(state)) as out:  # its folder made, as for Ray's copies
+        out.write(b'{"trial_data": []}')
+        assert not state.exists()  # not there until it is whole
+    assert state.read_text() == '{"trial_data": []}'
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    killed = subprocess.run([sys.executable, "-c", KILLED_WRITER, str(tmp_path / "exp")], env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert killed.returncode == -9, killed.stderr
+    assert state.read_text() == '{"trial_data": []}'  # the old file, whole
+    assert storage.names(tmp_path / "exp", "experiment_state-*.json") == [state.name]
+    (tmp_path / "exp" / "basic-variant-state-1.json").write_bytes(pickle.dumps({}))
+    assert saved_by_tune(tmp_path / "exp")  # the temporary file left beside it is no state
+
+    pyarrow.fs.copy_files(str(tmp_path / "exp"), str(tmp_path / "copy"), destination_filesystem=fs)
+    assert (tmp_path / "copy" / state.name).read_bytes() == state.read_bytes()
+
+
+def test_a_write_that_fails_leaves_the_file_as_it_was(tmp_path: Path) -> None:
+    target = tmp_path / "result.json"
+    target.write_text("old")
+    whole = storage._WholeFile(str(target))
+    os.close(whole.fileno())  # what a write meets when the disk is gone
+    with pytest.raises(OSError):
+        whole.write(b"new")
+    with pytest.raises(OSError):
+        whole.close()
+    assert target.read_text() == "old" and os.listdir(tmp_path) == ["result.json"]
+
+
+def test_tune_s_file_system_travels_to_workers_and_its_checkpoints_stay_folders(tmp_path) -> None:
+    """Ray pickles the storage's file system to every worker and into a checkpoint; a run's
+    ``checkpoint`` tag is the folder, which ``tune.Checkpoint`` reads on any node."""
+    import pickle
+
+    from ray import tune
+
+    from studies.tracking import checkpoint_location
+
+    fs = pickle.loads(pickle.dumps(storage.tune_storage(tmp_path)[1]))
+    assert storage.is_local(fs)
+    checkpoint = pickle.loads(pickle.dumps(tune.Checkpoint(str(tmp_path / "checkpoint_000001"),
+                                                           filesystem=fs)))
+    assert checkpoint_location(checkpoint) == str(tmp_path / "checkpoint_000001")
 
 
 def test_an_s3_endpoint_is_read_from_aws_endpoint_url(s3, monkeypatch, tmp_path: Path) -> None:
