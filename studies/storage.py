@@ -129,9 +129,9 @@ def tune_storage(location: str | os.PathLike) -> tuple[str, pyarrow.fs.FileSyste
 
 
 def is_local(fs: pyarrow.fs.FileSystem) -> bool:
-    """Whether ``fs`` reads and writes this machine's folders (a local or mounted disk)."""
-    return isinstance(fs, pyarrow.fs.LocalFileSystem) or (
-        isinstance(fs, pyarrow.fs.PyFileSystem) and isinstance(fs.handler, WholeFiles))
+    """Whether ``fs`` reads and writes this machine's folders (a local or mounted disk): pyarrow's
+    own, or :class:`WholeFiles` (named by their ``type_name``, as Ray tells file systems apart)."""
+    return fs.type_name in ("local", f"py::{WholeFiles.TYPE_NAME}")
 
 
 class WholeFiles(pyarrow.fs.FSSpecHandler):
@@ -143,11 +143,13 @@ class WholeFiles(pyarrow.fs.FSSpecHandler):
     on a local disk and on NFS. Without fsync: a killed process loses nothing the kernel took,
     a machine that loses power may."""
 
+    TYPE_NAME = "icr-whole-files"
+
     def __init__(self) -> None:
         super().__init__(fsspec.implementations.local.LocalFileSystem())
 
     def get_type_name(self) -> str:
-        return "icr-whole-files"
+        return self.TYPE_NAME
 
     def open_output_stream(self, path: str, metadata: dict | None) -> pyarrow.NativeFile:
         return pyarrow.PythonFile(_WholeFile(path), mode="w")
